@@ -1,0 +1,16 @@
+"""DFlash / DFlash 2 drafter converter: authors' HF checkpoint -> llama.cpp ``dflash`` GGUF.
+
+Public API (flags of ``python -m convert`` map 1:1 onto these)::
+
+    from convert import convert_hf_to_gguf, inspect_gguf, ConversionError
+    out = convert_hf_to_gguf("path/or/hub-id", target="target.gguf", outtype="q8_0")
+    info = inspect_gguf(out, target="target.gguf")   # {"version": "v2", "fits": True, ...}
+"""
+
+from __future__ import annotations
+
+from .errors import ConversionError
+from .hf_to_gguf import convert_hf_to_gguf
+from .inspect import inspect_gguf
+
+__all__ = ["ConversionError", "convert_hf_to_gguf", "inspect_gguf"]
