@@ -1,0 +1,215 @@
+"""DFlash 2 training objective: many random anchors per sequence in one forward pass.
+
+Inference drafts a block ``[anchor, MASK x (bs-1)]`` at positions ``P .. P+bs-1`` from the target
+features of the committed tokens ``0 .. P-1`` (context rows) and the anchor (the last committed
+token, not yet seen by the target). Training imitates exactly that, for many anchors at once:
+
+For one sequence of tokens ``x_0 .. x_{N-1}`` with target features ``f_0 .. f_{N-1}`` (``f_i`` =
+the target's hidden states at the chosen layers after reading ``x_0..x_i``):
+
+- pick ``A`` anchors ``p_1..p_A`` at random in ``[max(1, start), N-2]`` (``start`` = the first
+  response token when the shard gives prompt lengths: the first real anchor is the target's first
+  generated token);
+- block ``a`` = rows ``[x_{p_a}, MASK, ..., MASK]`` at positions ``p_a .. p_a+bs-1``; its row
+  ``k`` (1..bs-1) is trained to predict ``x_{p_a+k}`` (ignored past the end of the sequence);
+- all blocks are laid side by side as one query of ``A*bs`` rows; the keys are the ``N`` context
+  rows (``fc``/``hidden_norm`` of ``f``, computed ONCE and shared) followed by the ``A*bs`` block
+  rows. The attention mask (bool, True = visible) of query row ``(a, k)`` over key column ``j``::
+
+        context column j (0 <= j < N):        visible  iff  j < p_a
+        block column (a', k') (0 <= k' < bs): visible  iff  a' == a
+
+  i.e. each block sees the features of the committed tokens before its anchor, and its own rows
+  (bidirectionally; the config's causal / sliding-window limits are ANDed in by the model from
+  positions). Padding columns (j >= N for a shorter sequence) are never visible because
+  ``p_a < N``. This equals ``A`` separate reference passes (tested against ``dflash==0.1.0``).
+  Cost: the mask is ``[B, 1, A*bs, N + A*bs]``; SDPA on it is O(A*bs*(N+A*bs)) per head.
+
+Losses (DFlash / DFlash 2 papers; ``gamma`` per :func:`default_gamma`):
+
+- cross-entropy of the (scaled, softcapped) draft logits of row ``k`` against ``x_{p+k}``,
+  weighted ``w_k = exp(-(k-1)/gamma)``, normalised by the sum of weights of the counted rows;
+- selector: over the top-k candidates of row ``k`` (ids from the detached logits; their logits
+  keep their gradient as the unary term), scores ``S_k(x_{p+k-1}, .)`` with the TRUE previous
+  token as predecessor (``x_p``, the anchor, for ``k = 1``); cross-entropy towards the index of
+  ``x_{p+k}``; rows whose true token is not among the candidates are left out (the selector
+  cannot pick it); same weights ``w_k``. ``loss = ce + selector_weight * selector``.
+
+Accuracy: per block position ``k``, top-1 of the logits equals ``x_{p+k}`` (``correct``/``count``)
+and the teacher-forced selector's argmax equals it (``selector_correct``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+from .model import DFlash2Drafter
+
+__all__ = ["Batch", "LossOutput", "default_gamma", "sample_anchors", "block_inputs",
+           "block_attention_mask", "dflash2_loss"]
+
+
+def default_gamma(block_size: int) -> float:
+    """Loss decay ``gamma`` of ``exp(-(k-1)/gamma)``: 7 for block 16, 5 for 10, 4 for 8 (the
+    values the DFlash paper lists; others interpolate as ``7 * (bs-1) / 15``). A tunable."""
+    return {16: 7.0, 10: 5.0, 8: 4.0}.get(block_size, 7.0 * (block_size - 1) / 15.0)
+
+
+@dataclass
+class Batch:
+    """A padded batch of sequences (one window of each).
+
+    tokens: int64 [B, L] (padding arbitrary); features: float [B, L, n_feat*H] (f16 ok);
+    positions: int64 [B, L] absolute positions of the rows (window start + index);
+    lengths: int64 [B] valid rows; anchor_min: int64 [B] first row index allowed as an anchor.
+    """
+
+    tokens: torch.Tensor
+    features: torch.Tensor
+    positions: torch.Tensor
+    lengths: torch.Tensor
+    anchor_min: torch.Tensor
+
+    def to(self, device) -> "Batch":
+        return Batch(*(t.to(device) for t in (self.tokens, self.features, self.positions,
+                                               self.lengths, self.anchor_min)))
+
+
+@dataclass
+class LossOutput:
+    """loss (scalar, with grad); ce / selector (detached scalars); per block position k=1..bs-1:
+    correct, selector_correct, count (int64 [bs-1])."""
+
+    loss: torch.Tensor
+    ce: torch.Tensor
+    selector: torch.Tensor
+    correct: torch.Tensor
+    selector_correct: torch.Tensor
+    count: torch.Tensor
+
+
+def sample_anchors(lengths: torch.Tensor, anchor_min: torch.Tensor, n_anchors: int,
+                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random distinct anchors per sequence in ``[max(1, anchor_min), length-2]``.
+
+    Returns (anchors int64 [B, A] sorted, valid bool [B, A]); invalid slots hold anchor 0.
+    """
+    b = lengths.shape[0]
+    anchors = torch.zeros(b, n_anchors, dtype=torch.long)
+    valid = torch.zeros(b, n_anchors, dtype=torch.bool)
+    for i in range(b):
+        lo = max(1, int(anchor_min[i]))
+        hi = int(lengths[i]) - 2
+        if hi < lo:
+            continue
+        span = hi - lo + 1
+        pick = torch.randperm(span, generator=generator)[:n_anchors] + lo
+        pick, _ = pick.sort()
+        anchors[i, : len(pick)] = pick
+        valid[i, : len(pick)] = True
+    return anchors.to(lengths.device), valid.to(lengths.device)
+
+
+def block_inputs(tokens: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor,
+                 anchors: torch.Tensor, valid: torch.Tensor, block_size: int,
+                 mask_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Block rows for every anchor.
+
+    Returns (ids int64 [B, A*bs] = anchor then masks, block positions int64 [B, A*bs],
+    labels int64 [B, A, bs] (-100 = ignored; column 0 always ignored),
+    predecessors int64 [B, A, bs] (true token before row k: ``x_{p+k-1}``)).
+    """
+    b, a = anchors.shape
+    k = torch.arange(block_size, device=tokens.device)
+    idx = anchors[..., None] + k                                      # [B, A, bs]
+    in_seq = (idx < lengths[:, None, None]) & valid[..., None]
+    safe = idx.clamp(max=tokens.shape[1] - 1)
+    gathered = tokens.gather(1, safe.view(b, -1)).view(b, a, block_size)
+    labels = torch.where(in_seq, gathered, torch.full_like(gathered, -100))
+    labels[..., 0] = -100
+    ids = torch.full_like(gathered, mask_token_id)
+    ids[..., 0] = gathered[..., 0]
+    pred = tokens.gather(1, (idx - 1).clamp(min=0, max=tokens.shape[1] - 1).view(b, -1)).view(b, a, block_size)
+    pos = positions.gather(1, anchors) [..., None] + k                 # [B, A, bs]
+    return ids.view(b, -1), pos.view(b, -1), labels, pred
+
+
+def block_attention_mask(anchors: torch.Tensor, ctx_len: int, block_size: int) -> torch.Tensor:
+    """bool [B, 1, A*bs, ctx_len + A*bs]: context column j visible to block a iff j < anchor_a;
+    block columns visible iff same block (see the module docstring)."""
+    b, a = anchors.shape
+    dev = anchors.device
+    j = torch.arange(ctx_len, device=dev)
+    ctx = (j[None, None, :] < anchors[..., None])                        # [B, A, C]
+    ctx = ctx[:, :, None, :].expand(b, a, block_size, ctx_len).reshape(b, a * block_size, ctx_len)
+    blk = torch.arange(a, device=dev).repeat_interleave(block_size)
+    own = (blk[:, None] == blk[None, :])[None].expand(b, -1, -1)
+    return torch.cat([ctx, own], dim=-1)[:, None]
+
+
+def dflash2_loss(model: DFlash2Drafter, batch: Batch, n_anchors: int, *, gamma: float | None = None,
+                 selector_weight: float = 1.0, generator: torch.Generator | None = None,
+                 anchors: tuple[torch.Tensor, torch.Tensor] | None = None) -> LossOutput:
+    """The DFlash 2 loss of one batch (see the module docstring).
+
+    Args:
+        model: the drafter, with target weights attached.
+        batch: padded sequences with features.
+        n_anchors: anchors (blocks) per sequence.
+        gamma: position decay; default :func:`default_gamma` of the block size.
+        selector_weight: weight of the selector loss.
+        generator: RNG of the anchor sampling (CPU generator).
+        anchors: (anchors [B, A], valid [B, A]) to use instead of sampling (tests).
+    """
+    cfg = model.config
+    bs = cfg.block_size
+    gamma = default_gamma(bs) if gamma is None else gamma
+    if anchors is None:
+        anchors = sample_anchors(batch.lengths.cpu(), batch.anchor_min.cpu(), n_anchors, generator)
+    anc, valid = (t.to(batch.tokens.device) for t in anchors)
+    b, a = anc.shape
+    ids, bpos, labels, pred = block_inputs(batch.tokens, batch.positions, batch.lengths, anc, valid,
+                                           bs, cfg.mask_token_id)
+    ctx_len = batch.tokens.shape[1]
+    mask = block_attention_mask(anc, ctx_len, bs)
+    pos = torch.cat([batch.positions, bpos], dim=1)
+    emb = model.embed(ids)
+    hidden = model(emb, batch.features, pos, attention_mask=mask, block_len=bs)
+    hidden = hidden.view(b, a, bs, -1)[:, :, 1:]                        # rows 1..bs-1
+    labels, pred = labels[:, :, 1:], pred[:, :, 1:]
+    logits = model.compute_logits(hidden).float()                      # [B, A, bs-1, V]
+
+    w = torch.exp(-torch.arange(bs - 1, device=logits.device, dtype=torch.float32) / gamma)
+    counted = labels >= 0
+    wk = w.expand_as(labels) * counted
+    denom = wk.sum().clamp_min(1e-9)
+    ce_rows = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                              ignore_index=-100, reduction="none").view_as(labels)
+    ce = (ce_rows * wk).sum() / denom
+
+    sel = model.candidate_selector
+    cand = torch.topk(logits.detach(), sel.top_k, dim=-1, sorted=False).indices
+    unary = logits.gather(-1, cand)
+    scores = sel.scores(hidden, unary, cand, pred.clamp(min=0)).float()
+    hit = cand == labels[..., None]
+    in_top = hit.any(-1) & counted
+    target = hit.float().argmax(-1)
+    sel_rows = F.cross_entropy(scores.reshape(-1, scores.shape[-1]), target.reshape(-1),
+                               reduction="none").view_as(labels)
+    ws = w.expand_as(labels) * in_top
+    selector = (sel_rows * ws).sum() / ws.sum().clamp_min(1e-9)
+    loss = ce + selector_weight * selector
+
+    with torch.no_grad():
+        correct = ((logits.argmax(-1) == labels) & counted).sum((0, 1))
+        sel_pick = cand.gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
+        sel_correct = ((sel_pick == labels) & counted).sum((0, 1))
+        count = counted.sum((0, 1))
+    if not math.isfinite(float(loss.detach())):
+        raise FloatingPointError("non-finite DFlash 2 loss")
+    return LossOutput(loss=loss, ce=ce.detach(), selector=selector.detach(), correct=correct,
+                      selector_correct=sel_correct, count=count)
