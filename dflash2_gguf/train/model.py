@@ -368,7 +368,7 @@ class GroupedDynamicConv(nn.Module):
             self.base_kernel[:, 0] = 1.0  # identity at init
         self.kernel_projection = nn.Linear(hidden, 2 * kernel_size * self.groups, bias=False)
 
-    def _apply(self, x: torch.Tensor, dyn: torch.Tensor, side: int, block_len: int) -> torch.Tensor:
+    def _convolve(self, x: torch.Tensor, dyn: torch.Tensor, side: int, block_len: int) -> torch.Tensor:
         """x [B, Q, H]; dyn [B, Q, 2, K, groups]; Q a multiple of block_len."""
         b, q_len, h = x.shape
         nb = q_len // block_len
@@ -384,11 +384,11 @@ class GroupedDynamicConv(nn.Module):
     def pre(self, u: torch.Tensor, block_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """u [B, Q, H] normed sublayer input -> (filtered input, dynamic kernels for :meth:`post`)."""
         dyn = self.kernel_projection(u).view(*u.shape[:-1], 2, self.kernel_size, self.groups)
-        return self._apply(u, dyn, 0, block_len), dyn
+        return self._convolve(u, dyn, 0, block_len), dyn
 
     def post(self, y: torch.Tensor, dyn: torch.Tensor, block_len: int) -> torch.Tensor:
         """y [B, Q, H] sublayer output -> filtered output."""
-        return self._apply(y, dyn, 1, block_len)
+        return self._convolve(y, dyn, 1, block_len)
 
 
 class DecoderLayer(nn.Module):
