@@ -32,5 +32,8 @@ def native() -> ModuleType:
         problem = mod.check_libllama()
         if problem:
             raise ImportError(problem)
+        from .errors import from_native
+
+        mod._set_error_factory(from_native)
         _native = mod
     return _native

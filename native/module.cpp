@@ -1,11 +1,59 @@
-// Thin nanobind binding over driver.cpp: type conversion and GIL release only.
+// Thin nanobind binding over driver.cpp: type conversion, GIL release and error mapping only.
+//
+// Errors: dflash2::Error becomes the Python exception class registered by
+// dflash2_gguf._native_loader (dflash2_gguf.errors.DFlashError and its subclasses, built by a
+// factory(message, code, rc)); std::invalid_argument becomes ValueError (nanobind default).
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/function.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "driver.h"
 #include "llama_ext_pinned.h"
 
 namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+PyObject * g_error_factory = nullptr;  // callable(message, code, rc) -> exception instance
+
+using F32Array = nb::ndarray<nb::numpy, float>;
+using I32Array = nb::ndarray<nb::numpy, int32_t>;
+
+template <typename T>
+nb::ndarray<nb::numpy, T> to_numpy(std::vector<T> && v, std::initializer_list<size_t> shape) {
+    auto * heap = new std::vector<T>(std::move(v));
+    nb::capsule owner(heap, [](void * p) noexcept { delete static_cast<std::vector<T> *>(p); });
+    return nb::ndarray<nb::numpy, T>(heap->data(), shape, owner);
+}
+
+nb::dict stats_dict(const dflash2::Stats & s) {
+    nb::dict d;
+    d["n_prompt"] = s.n_prompt;
+    d["n_generated"] = s.n_generated;
+    d["n_cycles"] = s.n_cycles;
+    d["n_committed_cycles"] = s.n_committed_cycles;
+    d["n_drafted"] = s.n_drafted;
+    d["n_accepted"] = s.n_accepted;
+    d["pos_reached"] = s.pos_reached;
+    d["pos_accepted"] = s.pos_accepted;
+    d["t_prefill_ms"] = s.t_prefill_ms;
+    d["t_target_ms"] = s.t_target_ms;
+    d["t_draft_ms"] = s.t_draft_ms;
+    d["t_inject_ms"] = s.t_inject_ms;
+    d["t_sample_ms"] = s.t_sample_ms;
+    d["t_total_ms"] = s.t_total_ms;
+    d["stop_reason"] = s.stop_reason;
+    return d;
+}
+
+nb::tuple chunk_tuple(const dflash2::Chunk & c) {
+    return nb::make_tuple(c.tokens, c.from_draft, c.done);
+}
+
+}  // namespace
 
 NB_MODULE(_native, m) {
     m.doc() = "dflash2_gguf native driver (private; use the dflash2_gguf package)";
@@ -14,4 +62,125 @@ NB_MODULE(_native, m) {
           "llama_version() of the libllama this module is linked to.");
     m.def("check_libllama", &dflash2::check_libllama,
           "Empty string if the loaded libllama is the pinned build, else the reason it is not.");
+    m.def("_set_error_factory", [](nb::object f) {
+        Py_XDECREF(g_error_factory);
+        g_error_factory = f.release().ptr();
+    }, "Register callable(message, code, rc) -> exception used for driver errors.");
+
+    nb::register_exception_translator([](const std::exception_ptr & p, void *) {
+        try {
+            std::rethrow_exception(p);
+        } catch (const dflash2::Error & e) {
+            if (!g_error_factory) {
+                PyErr_SetString(PyExc_RuntimeError, e.what());
+                return;
+            }
+            PyObject * exc = PyObject_CallFunction(g_error_factory, "sii", e.what(), e.code(), e.rc());
+            if (!exc) return;  // the factory raised: keep its error
+            PyErr_SetObject((PyObject *) Py_TYPE(exc), exc);
+            Py_DECREF(exc);
+        }
+    });
+
+    nb::class_<dflash2::EngineOptions>(m, "EngineOptions")
+        .def(nb::init<>())
+        .def_rw("target_path", &dflash2::EngineOptions::target_path)
+        .def_rw("drafter_path", &dflash2::EngineOptions::drafter_path)
+        .def_rw("n_ctx", &dflash2::EngineOptions::n_ctx)
+        .def_rw("n_ctx_draft", &dflash2::EngineOptions::n_ctx_draft)
+        .def_rw("n_batch", &dflash2::EngineOptions::n_batch)
+        .def_rw("n_threads", &dflash2::EngineOptions::n_threads)
+        .def_rw("n_threads_draft", &dflash2::EngineOptions::n_threads_draft)
+        .def_rw("n_gpu_layers", &dflash2::EngineOptions::n_gpu_layers)
+        .def_rw("n_gpu_layers_draft", &dflash2::EngineOptions::n_gpu_layers_draft)
+        .def_rw("flash_attn", &dflash2::EngineOptions::flash_attn)
+        .def_rw("kv_f32_draft", &dflash2::EngineOptions::kv_f32_draft)
+        .def_rw("capture", &dflash2::EngineOptions::capture);
+
+    nb::class_<dflash2::GenParams>(m, "GenParams")
+        .def(nb::init<>())
+        .def_rw("n_predict", &dflash2::GenParams::n_predict)
+        .def_rw("temperature", &dflash2::GenParams::temperature)
+        .def_rw("top_k", &dflash2::GenParams::top_k)
+        .def_rw("top_p", &dflash2::GenParams::top_p)
+        .def_rw("min_p", &dflash2::GenParams::min_p)
+        .def_rw("seed", &dflash2::GenParams::seed)
+        .def_rw("n_draft_max", &dflash2::GenParams::n_draft_max)
+        .def_rw("p_min", &dflash2::GenParams::p_min)
+        .def_rw("use_drafter", &dflash2::GenParams::use_drafter)
+        .def_rw("ignore_eog", &dflash2::GenParams::ignore_eog)
+        .def_rw("stop", &dflash2::GenParams::stop)
+        .def_rw("wrong_acceptance_rule", &dflash2::GenParams::wrong_acceptance_rule);
+
+    nb::class_<dflash2::Engine>(m, "Engine")
+        .def(nb::init<const dflash2::EngineOptions &>(), "options"_a, nb::call_guard<nb::gil_scoped_release>())
+        .def("close", &dflash2::Engine::close, nb::call_guard<nb::gil_scoped_release>())
+        .def_prop_ro("closed", &dflash2::Engine::closed)
+        .def_prop_ro("has_drafter", &dflash2::Engine::has_drafter)
+        .def_prop_ro("block_size", &dflash2::Engine::block_size)
+        .def_prop_ro("selector_top_k", &dflash2::Engine::selector_top_k)
+        .def_prop_ro("n_vocab", &dflash2::Engine::n_vocab)
+        .def_prop_ro("n_embd", &dflash2::Engine::n_embd)
+        .def_prop_ro("n_ctx", &dflash2::Engine::n_ctx)
+        .def_prop_ro("mask_token", &dflash2::Engine::mask_token)
+        .def_prop_ro("capture_path", &dflash2::Engine::capture_path)
+        .def_prop_ro("target_arch", &dflash2::Engine::target_arch)
+        .def_prop_ro("target_layers", &dflash2::Engine::target_layers)
+        .def("begin", [](dflash2::Engine & e, const std::vector<int32_t> & prompt, const dflash2::GenParams & gp) {
+            dflash2::Chunk c;
+            { nb::gil_scoped_release r; c = e.begin(prompt, gp); }
+            return chunk_tuple(c);
+        }, "prompt"_a, "params"_a)
+        .def("step", [](dflash2::Engine & e) {
+            dflash2::Chunk c;
+            { nb::gil_scoped_release r; c = e.step(); }
+            return chunk_tuple(c);
+        })
+        .def("generate", [](dflash2::Engine & e, const std::vector<int32_t> & prompt, const dflash2::GenParams & gp,
+                            nb::object on_chunk) {
+            std::vector<int32_t> out;
+            if (on_chunk.is_none()) {
+                nb::gil_scoped_release r;
+                out = e.generate(prompt, gp, nullptr);
+            } else {
+                std::function<bool(const dflash2::Chunk &)> cb = [&on_chunk](const dflash2::Chunk & c) {
+                    nb::gil_scoped_acquire a;
+                    return nb::cast<bool>(on_chunk(chunk_tuple(c)));
+                };
+                nb::gil_scoped_release r;
+                out = e.generate(prompt, gp, cb);
+            }
+            return out;
+        }, "prompt"_a, "params"_a, "on_chunk"_a = nb::none())
+        .def("stats", [](const dflash2::Engine & e) { return stats_dict(e.stats()); })
+        .def("tokenize", &dflash2::Engine::tokenize, "text"_a, "add_special"_a, "parse_special"_a)
+        .def("detokenize", [](const dflash2::Engine & e, const std::vector<int32_t> & t, bool special) {
+            const std::string s = e.detokenize(t, special);
+            return nb::bytes(s.data(), s.size());
+        }, "tokens"_a, "special"_a = false)
+        .def("chat_template", &dflash2::Engine::chat_template)
+        .def("is_eog", &dflash2::Engine::is_eog)
+        .def("capture_features", [](dflash2::Engine & e, const std::vector<int32_t> & tokens) {
+            std::vector<float> f;
+            { nb::gil_scoped_release r; f = e.capture_features(tokens); }
+            const size_t n = tokens.size(), cols = f.size() / n;
+            return to_numpy(std::move(f), {n, cols});
+        }, "tokens"_a)
+        .def("target_logits", [](dflash2::Engine & e, const std::vector<int32_t> & tokens) {
+            std::vector<float> f;
+            { nb::gil_scoped_release r; f = e.target_logits(tokens); }
+            const size_t n = tokens.size();
+            return to_numpy(std::move(f), {n, (size_t) e.n_vocab()});
+        }, "tokens"_a)
+        .def("draft_from_features", [](dflash2::Engine & e, nb::ndarray<float, nb::ndim<2>, nb::c_contig, nb::device::cpu> feats,
+                                       int32_t anchor) {
+            std::vector<float> f(feats.data(), feats.data() + feats.size());
+            const int n_rows = (int) feats.shape(0);
+            dflash2::DraftProbe p;
+            { nb::gil_scoped_release r; p = e.draft_from_features(f, n_rows, anchor); }
+            const size_t R = p.n_rows, V = p.n_vocab, E = p.n_embd;
+            const bool has_lat = !p.lattice.empty();
+            nb::object lat = has_lat ? nb::cast(to_numpy(std::move(p.lattice), {R, E})) : nb::none();
+            return nb::make_tuple(to_numpy(std::move(p.logits), {R, V}), lat, to_numpy(std::move(p.greedy), {R - 1}));
+        }, "features"_a, "anchor"_a);
 }
