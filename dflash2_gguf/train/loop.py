@@ -1,0 +1,181 @@
+"""A small DFlash 2 training loop over feature shards.
+
+AdamW, linear warmup then cosine decay to ``min_lr_ratio * lr``, gradient clipping, a tqdm bar
+showing the loss and the per-block-position top-1 accuracy (running over the last ``log_every``
+steps), checkpoint save/resume (``<out_dir>/checkpoint.pt``: model, optimizer, scheduler, step,
+RNG states) and a final export in the authors' HF format (``<out_dir>/hf``).
+
+Example::
+
+    from dflash2_gguf.train.loop import TrainConfig, train
+    from dflash2_gguf.train.model import DFlash2Config
+    model = train(DFlash2Config(...), TrainConfig(shards=["feats/shard-00000.safetensors"],
+                  target_gguf="SmolLM2-135M-Instruct.Q4_1.gguf", out_dir="run1", steps=20000))
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from .data import FeatureShards
+from .export import export_hf
+from .model import DFlash2Config, DFlash2Drafter
+from .objective import dflash2_loss
+
+__all__ = ["TrainConfig", "TrainState", "train", "lr_lambda"]
+
+
+@dataclass
+class TrainConfig:
+    """Loop settings. ``shards``: feature shard files; ``target_gguf``: where the frozen
+    embedding / head come from (or pass ``target_weights`` to :func:`train`)."""
+
+    shards: Sequence[str]
+    out_dir: str
+    target_gguf: str | None = None
+    steps: int = 1000
+    lr: float = 6e-4
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    batch_size: int = 4
+    max_len: int = 2048
+    anchors_per_seq: int = 64
+    gamma: float | None = None
+    selector_weight: float = 1.0
+    save_every: int = 500
+    log_every: int = 20
+    seed: int = 0
+    device: str = "cpu"
+    autocast_dtype: str | None = None   # "bfloat16" on GPUs; None = full float32
+    export_dtype: str = "bfloat16"
+    progress: bool = True
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class TrainState:
+    """What :func:`train` reports: the last step and a log row per ``log_every`` steps."""
+
+    step: int
+    history: list[dict]
+
+
+def lr_lambda(warmup: int, total: int, min_ratio: float) -> Callable[[int], float]:
+    """LR multiplier: ``(s+1)/warmup`` for ``s < warmup``, then cosine from 1 to ``min_ratio``."""
+
+    def f(s: int) -> float:
+        if s < warmup:
+            return (s + 1) / max(1, warmup)
+        t = min(1.0, (s - warmup) / max(1, total - warmup))
+        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * t))
+
+    return f
+
+
+def _save(path: Path, model, opt, sched, step: int, gen: torch.Generator, history, mcfg, tcfg) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(), "step": step, "generator": gen.get_state(),
+                "torch_rng": torch.get_rng_state(), "history": history,
+                "model_config": asdict(mcfg), "train_config": asdict(tcfg)}, tmp)
+    os.replace(tmp, path)
+
+
+def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
+          target_weights: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+          model: DFlash2Drafter | None = None) -> tuple[DFlash2Drafter, TrainState]:
+    """Train (or resume) a drafter; returns it and the log.
+
+    Resumes from ``<out_dir>/checkpoint.pt`` when present (same step, optimizer moments,
+    scheduler and RNG), stops at ``cfg.steps``, saves every ``save_every`` steps and at the end,
+    then exports ``<out_dir>/hf`` in the authors' format.
+    """
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    data = FeatureShards(cfg.shards)
+    if tuple(data.meta.target_layer_ids) != tuple(model_cfg.target_layer_ids):
+        raise ValueError(f"shards hold target layers {data.meta.target_layer_ids}, the drafter "
+                         f"expects {model_cfg.target_layer_ids}")
+    if data.meta.hidden_size != model_cfg.hidden_size:
+        raise ValueError("shard hidden_size differs from the drafter's")
+    if target_weights is None:
+        if cfg.target_gguf is None:
+            raise ValueError("give target_gguf or target_weights")
+        from .target_weights import load_target_weights
+
+        target_weights = load_target_weights(cfg.target_gguf).torch()
+    device = torch.device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    model = model if model is not None else DFlash2Drafter(model_cfg)
+    model.set_target_weights(target_weights[0], target_weights[1])
+    model.to(device)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=cfg.lr, betas=cfg.betas)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    step, history = 0, []
+    ckpt = out / "checkpoint.pt"
+    if ckpt.exists():
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        gen.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        step, history = int(state["step"]), list(state["history"])
+
+    amp = getattr(torch, cfg.autocast_dtype) if cfg.autocast_dtype else None
+    bs = model_cfg.block_size
+    win = {"loss": 0.0, "n": 0, "correct": torch.zeros(bs - 1), "sel": torch.zeros(bs - 1),
+           "count": torch.zeros(bs - 1)}
+    bar = None
+    if cfg.progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=cfg.steps, initial=step, desc="dflash2 train", dynamic_ncols=True)
+    model.train()
+    while step < cfg.steps:
+        batch = data.sample_batch(cfg.batch_size, cfg.max_len, gen).to(device)
+        with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+            res = dflash2_loss(model, batch, cfg.anchors_per_seq, gamma=cfg.gamma,
+                               selector_weight=cfg.selector_weight, generator=gen)
+        opt.zero_grad(set_to_none=True)
+        res.loss.backward()
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        sched.step()
+        step += 1
+        win["loss"] += float(res.loss.detach())
+        win["n"] += 1
+        win["correct"] += res.correct.cpu().float()
+        win["sel"] += res.selector_correct.cpu().float()
+        win["count"] += res.count.cpu().float()
+        acc = win["correct"] / win["count"].clamp_min(1)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix_str(f"loss={win['loss'] / win['n']:.3f} lr={sched.get_last_lr()[0]:.2e} "
+                                f"acc={'/'.join(f'{a:.2f}' for a in acc.tolist())}")
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            history.append({"step": step, "loss": win["loss"] / win["n"], "acc": acc.tolist(),
+                            "selector_acc": (win["sel"] / win["count"].clamp_min(1)).tolist(),
+                            "lr": sched.get_last_lr()[0]})
+            win = {k: (0.0 if k == "loss" else 0 if k == "n" else torch.zeros(bs - 1)) for k in win}
+        if step % cfg.save_every == 0 or step == cfg.steps:
+            _save(ckpt, model, opt, sched, step, gen, history, model_cfg, cfg)
+    if bar is not None:
+        bar.close()
+    export_hf(model, out / "hf", dtype=cfg.export_dtype, force=True)
+    return model, TrainState(step=step, history=history)
