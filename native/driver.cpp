@@ -490,6 +490,7 @@ void Engine::push_commit(Chunk & c, int32_t tok, bool from_draft) {
     tokens_.push_back(tok);
     c.tokens.push_back(tok);
     c.from_draft.push_back(from_draft ? 1 : 0);
+    gen_from_draft_.push_back(from_draft ? 1 : 0);
     stats_.n_generated++;
     if (!gp_.ignore_eog && is_eog(tok)) {
         done_ = true;
@@ -546,6 +547,7 @@ Chunk Engine::begin(const std::vector<int32_t> & prompt, const GenParams & gp) {
     uint64_t s = gp.seed;
     for (auto & r : rng_) r = splitmix64(s);
     gen_text_.clear();
+    gen_from_draft_.clear();
     tokens_ = prompt;
     n_prompt_ = (int) prompt.size();
     done_ = false;

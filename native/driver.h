@@ -128,6 +128,8 @@ class Engine {
     std::vector<int32_t> generate(const std::vector<int32_t> & prompt, const GenParams & gp,
                                   const std::function<bool(const Chunk &)> & on_chunk);
     const Stats & stats() const { return stats_; }
+    // Per generated token of the current/last generation: 1 = accepted draft, 0 = target sample.
+    const std::vector<uint8_t> & from_draft() const { return gen_from_draft_; }
 
     // Introspection.
     bool has_drafter() const { return ctx_dft_ != nullptr; }
@@ -195,6 +197,7 @@ class Engine {
     bool active_ = false, done_ = false;
     uint64_t rng_[4] = {0, 0, 0, 0};
     std::string gen_text_;
+    std::vector<uint8_t> gen_from_draft_;
     double t_begin_ = 0;
 
     // per-cycle scratch

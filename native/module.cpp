@@ -153,6 +153,10 @@ NB_MODULE(_native, m) {
             return out;
         }, "prompt"_a, "params"_a, "on_chunk"_a = nb::none())
         .def("stats", [](const dflash2::Engine & e) { return stats_dict(e.stats()); })
+        .def("from_draft", [](const dflash2::Engine & e) {
+            const auto & v = e.from_draft();
+            return std::vector<bool>(v.begin(), v.end());
+        })
         .def("tokenize", &dflash2::Engine::tokenize, "text"_a, "add_special"_a, "parse_special"_a)
         .def("detokenize", [](const dflash2::Engine & e, const std::vector<int32_t> & t, bool special) {
             const std::string s = e.detokenize(t, special);

@@ -1,0 +1,480 @@
+"""Python API of the DFlash / DFlash 2 speculative decoder on GGUF files.
+
+Layering (after mlx-lm's ``generate.py``): the native driver runs the whole loop in C++
+(``Engine.begin`` = prefill + first token, ``Engine.step`` = one draft/verify cycle,
+``Engine.generate`` = all cycles without returning to Python); :meth:`DFlashDecoder.stream`
+turns cycles into :class:`StreamChunk` objects with text deltas; :meth:`DFlashDecoder.generate`
+returns one :class:`GenerationResult`. The same code path runs with or without a drafter
+(``drafter=None`` or ``use_drafter=False``), which is what the speedup figures compare.
+
+Example::
+
+    from dflash2_gguf import DFlashDecoder, SamplingParams
+    with DFlashDecoder("target.gguf", "drafter.gguf", n_ctx=4096) as dec:
+        res = dec.generate("The capital of France is", max_tokens=64,
+                           sampling=SamplingParams(temperature=0))
+        print(res.text, res.stats.acceptance_length, res.stats.tokens_per_second)
+        for chunk in dec.stream(messages=[{"role": "user", "content": "Hi"}], max_tokens=32):
+            print(chunk.text, end="")
+
+The native extension is loaded on first construction, never at import.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import dataclasses
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Optional, Sequence, Union
+
+from .sampling import SamplingParams
+
+__all__ = ["DFlashDecoder", "GenerationResult", "GenerationStats", "StreamChunk"]
+
+Prompt = Union[str, Sequence[int]]
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """Statistics of one generation.
+
+    Attributes:
+        n_prompt: Prompt tokens.
+        n_generated: Generated tokens (including a final EOG token).
+        n_cycles: Target verification passes after the prefill (one per draft/verify cycle).
+        n_drafted: Draft tokens sent to verification (after ``n_draft_max`` / ``p_min`` / budget
+            truncation; the drafter always computes the full trained block).
+        n_accepted: Draft tokens accepted.
+        acceptance_length: Mean tokens committed per verification pass, bonus included (tau
+            of the DFlash papers); 1.0 means no draft was ever accepted; 0 if no cycle ran.
+        per_position_acceptance: ``[i]`` = P(draft i accepted | drafts 0..i-1 accepted and draft
+            i was verified) over this generation (NaN where never reached).
+        pos_reached / pos_accepted: The counts behind ``per_position_acceptance``.
+        t_prefill_s / t_target_s / t_draft_s / t_inject_s / t_sample_s / t_total_s: Seconds in
+            the prefill, target verify passes, drafter block passes, drafter feature injection,
+            host-side acceptance/sampling, and the whole generation.
+        tokens_per_second: ``n_generated / t_total_s`` (prefill included).
+        decode_tokens_per_second: ``(n_generated - 1) / (t_total_s - t_prefill_s)`` (the first
+            token comes from the prefill).
+        stop_reason: ``"length"``, ``"eog"``, ``"stop"`` or ``"context"``.
+    """
+
+    n_prompt: int
+    n_generated: int
+    n_cycles: int
+    n_drafted: int
+    n_accepted: int
+    acceptance_length: float
+    per_position_acceptance: list
+    pos_reached: list
+    pos_accepted: list
+    t_prefill_s: float
+    t_target_s: float
+    t_draft_s: float
+    t_inject_s: float
+    t_sample_s: float
+    t_total_s: float
+    tokens_per_second: float
+    decode_tokens_per_second: float
+    stop_reason: str
+
+    @classmethod
+    def _from_native(cls, d: Mapping[str, Any]) -> "GenerationStats":
+        cyc = int(d["n_cycles"])
+        reached, accepted = list(d["pos_reached"]), list(d["pos_accepted"])
+        total = d["t_total_ms"] / 1000.0
+        pre = d["t_prefill_ms"] / 1000.0
+        n = int(d["n_generated"])
+        return cls(
+            n_prompt=int(d["n_prompt"]),
+            n_generated=n,
+            n_cycles=cyc,
+            n_drafted=int(d["n_drafted"]),
+            n_accepted=int(d["n_accepted"]),
+            acceptance_length=(d["n_committed_cycles"] / cyc) if cyc else 0.0,
+            per_position_acceptance=[(a / r) if r else float("nan") for a, r in zip(accepted, reached)],
+            pos_reached=reached,
+            pos_accepted=accepted,
+            t_prefill_s=pre,
+            t_target_s=d["t_target_ms"] / 1000.0,
+            t_draft_s=d["t_draft_ms"] / 1000.0,
+            t_inject_s=d["t_inject_ms"] / 1000.0,
+            t_sample_s=d["t_sample_ms"] / 1000.0,
+            t_total_s=total,
+            tokens_per_second=(n / total) if total > 0 else 0.0,
+            decode_tokens_per_second=((n - 1) / (total - pre)) if n > 1 and total > pre else 0.0,
+            stop_reason=str(d["stop_reason"]),
+        )
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """Output of :meth:`DFlashDecoder.generate`.
+
+    Attributes:
+        text: Detokenized output (special tokens not rendered; cut before a stop string).
+        tokens: Generated token ids (an EOG token that ended the output is included).
+        from_draft: Per token, True when it was an accepted draft, False when the target sampled
+            it (the prefill's token and each cycle's bonus).
+        stats: :class:`GenerationStats`.
+    """
+
+    text: str
+    tokens: list
+    from_draft: list
+    stats: GenerationStats
+
+    @property
+    def finish_reason(self) -> str:
+        """``"length"``, ``"eog"``, ``"stop"`` or ``"context"``."""
+        return self.stats.stop_reason
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    """Tokens committed by one cycle (the first chunk: the prefill's token).
+
+    Attributes:
+        text: New text since the previous chunk (UTF-8 safe; may be empty mid-character).
+        tokens: Token ids committed in this cycle.
+        from_draft: Per token, whether it was an accepted draft.
+        done: True on the last chunk; ``stats`` is then set.
+        stats: :class:`GenerationStats` on the last chunk, else None.
+    """
+
+    text: str
+    tokens: list
+    from_draft: list
+    done: bool
+    stats: Optional[GenerationStats] = None
+
+
+def _cut_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    cut = min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+class DFlashDecoder:
+    """A target GGUF plus an optional DFlash/DFlash 2 drafter GGUF, decoded by the native driver.
+
+    Args:
+        target: Path of the target model GGUF (any architecture libllama 0c1e570 loads; the
+            drafter's features come from layer inputs on the 19 architectures that record them,
+            else from a ``cb_eval`` capture of ``l_out-{id}``).
+        drafter: Path of a ``dflash`` GGUF produced for this target, or None for the target
+            alone (same code path, no drafts).
+        n_ctx: Target context size in tokens (prompt + generation must fit).
+        n_ctx_draft: Drafter context size (default: ``n_ctx``).
+        n_threads / n_threads_draft: CPU threads (default: all cores / same as target).
+        n_gpu_layers / n_gpu_layers_draft: Layers offloaded (llama.cpp semantics, -1 = all;
+            effective only when llama-cpp-python was built with CUDA/Metal/...).
+        n_batch: Target prefill chunk.
+        flash_attn: None = llama.cpp auto, True/False to force.
+        kv_f32_draft: F32 drafter K/V cache instead of F16 (bit-level parity work).
+        capture: ``"auto"`` | ``"layer_inp"`` | ``"cb_eval"`` feature capture path.
+
+    Raises:
+        FileNotFoundError: a path does not exist.
+        IncompatibleDrafterError: vocab / hidden size / target layer ids / DFlash 2 width
+            mismatch, checked before the drafter context exists.
+        UnsupportedError: recurrent/hybrid target with a drafter, or ``capture="layer_inp"`` on
+            an architecture whose graph does not record layer inputs.
+        ModelLoadError: libllama could not load a model or create a context.
+
+    Resources are freed by :meth:`close` (idempotent), by ``with``, or at garbage collection.
+    One decoder runs one generation at a time (calls are serialized by a lock).
+    """
+
+    def __init__(
+        self,
+        target: Union[str, os.PathLike],
+        drafter: Union[str, os.PathLike, None] = None,
+        *,
+        n_ctx: int = 4096,
+        n_ctx_draft: Optional[int] = None,
+        n_threads: Optional[int] = None,
+        n_threads_draft: Optional[int] = None,
+        n_gpu_layers: int = 0,
+        n_gpu_layers_draft: Optional[int] = None,
+        n_batch: int = 512,
+        flash_attn: Optional[bool] = None,
+        kv_f32_draft: bool = False,
+        capture: str = "auto",
+    ) -> None:
+        self._engine = None
+        self._lock = threading.Lock()
+        for p in (target, drafter):
+            if p is not None and not Path(p).is_file():
+                raise FileNotFoundError(f"no such GGUF file: {p}")
+        if capture not in ("auto", "layer_inp", "cb_eval"):
+            raise ValueError("capture must be 'auto', 'layer_inp' or 'cb_eval'")
+        from ._native_loader import native
+
+        n = native()
+        o = n.EngineOptions()
+        o.target_path = str(target)
+        o.drafter_path = "" if drafter is None else str(drafter)
+        o.n_ctx = int(n_ctx)
+        o.n_ctx_draft = int(n_ctx_draft or 0)
+        o.n_threads = int(n_threads or 0)
+        o.n_threads_draft = int(n_threads_draft or 0)
+        o.n_gpu_layers = int(n_gpu_layers)
+        o.n_gpu_layers_draft = int(n_gpu_layers if n_gpu_layers_draft is None else n_gpu_layers_draft)
+        o.n_batch = int(n_batch)
+        o.flash_attn = -1 if flash_attn is None else int(bool(flash_attn))
+        o.kv_f32_draft = bool(kv_f32_draft)
+        o.capture = capture
+        self.target_path = str(target)
+        self.drafter_path = None if drafter is None else str(drafter)
+        self._engine = n.Engine(o)
+
+    @classmethod
+    def from_llama(cls, llama: Any, drafter: Union[str, os.PathLike, None] = None, **kwargs: Any) -> "DFlashDecoder":
+        """Build a decoder for the target of an existing ``llama_cpp.Llama``.
+
+        The target GGUF is loaded again from ``llama.model_path`` (memory-mapped, so the weights
+        are shared by the page cache on CPU) with the Llama's ``n_ctx``, ``n_threads`` and
+        ``n_gpu_layers`` unless given in ``kwargs``: libllama fixes a context's capture callback
+        at creation, so the driver needs a target context of its own.
+        """
+        kwargs.setdefault("n_ctx", llama.n_ctx())
+        kwargs.setdefault("n_threads", getattr(llama, "n_threads", None))
+        mp = getattr(llama, "model_params", None)
+        if mp is not None:
+            kwargs.setdefault("n_gpu_layers", int(mp.n_gpu_layers))
+        return cls(llama.model_path, drafter, **kwargs)
+
+    # ------------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Free contexts, then models. Safe to call more than once."""
+        eng, self._engine = getattr(self, "_engine", None), None
+        if eng is not None:
+            eng.close()
+
+    def __enter__(self) -> "DFlashDecoder":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    @property
+    def engine(self):
+        """The native ``Engine`` (private API; raises ClosedError when closed)."""
+        if self._engine is None:
+            from .errors import ClosedError
+
+            raise ClosedError("the decoder is closed", 6, 0)
+        return self._engine
+
+    # ------------------------------------------------------------------ introspection
+
+    @property
+    def has_drafter(self) -> bool:
+        return self.engine.has_drafter
+
+    @property
+    def block_size(self) -> int:
+        """Trained block size of the drafter (rows per draft pass incl. the anchor); 0 without."""
+        return self.engine.block_size
+
+    @property
+    def drafter_version(self) -> int:
+        """2 for a DFlash 2 drafter (candidate selector), 1 for DFlash 1, 0 without drafter."""
+        e = self.engine
+        return 0 if not e.has_drafter else (2 if e.selector_top_k > 0 else 1)
+
+    @property
+    def capture_path(self) -> str:
+        """``"layer_inp"`` or ``"cb_eval"`` (``""`` without drafter)."""
+        return self.engine.capture_path
+
+    @property
+    def n_vocab(self) -> int:
+        return self.engine.n_vocab
+
+    # ------------------------------------------------------------------ text
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list:
+        """Token ids of ``text`` with the target's tokenizer (BOS per the GGUF when add_special)."""
+        return list(self.engine.tokenize(text, add_special, parse_special))
+
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
+        """Text of ``tokens`` (special tokens rendered only when ``special``)."""
+        return bytes(self.engine.detokenize(list(tokens), special)).decode("utf-8", errors="replace")
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
+        """Render chat ``messages`` ({"role", "content"}) with the chat template of the target GGUF.
+
+        Uses libllama's ``llama_chat_apply_template`` (built-in template detection); falls back
+        to llama-cpp-python's Jinja2 formatter for templates libllama does not recognise.
+
+        Raises:
+            ValueError: the GGUF has no chat template, or it cannot be rendered.
+        """
+        tmpl = self.engine.chat_template()
+        if not tmpl:
+            raise ValueError(f"{self.target_path} has no tokenizer.chat_template")
+        import llama_cpp
+
+        arr = (llama_cpp.llama_chat_message * len(messages))()
+        keep = []
+        for i, m in enumerate(messages):
+            role, content = m["role"].encode(), m["content"].encode()
+            keep += [role, content]
+            arr[i].role, arr[i].content = role, content
+        t = tmpl.encode()
+        size = 4096 + sum(len(x) for x in keep) * 2
+        buf = ctypes.create_string_buffer(size)
+        n = llama_cpp.llama_chat_apply_template(t, arr, len(messages), add_generation_prompt, buf, size)
+        if n > size:
+            buf = ctypes.create_string_buffer(n + 1)
+            n = llama_cpp.llama_chat_apply_template(t, arr, len(messages), add_generation_prompt, buf, n + 1)
+        if n >= 0:
+            return buf.raw[:n].decode("utf-8", errors="replace")
+        try:
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+            fmt = Jinja2ChatFormatter(template=tmpl, eos_token="", bos_token="",
+                                      add_generation_prompt=add_generation_prompt)
+            return fmt(messages=list(messages)).prompt
+        except Exception as e:  # pragma: no cover - depends on the template
+            raise ValueError(f"cannot render the chat template of {self.target_path}: {e}") from e
+
+    def _prompt_ids(self, prompt: Optional[Prompt], messages: Optional[Sequence[Mapping[str, str]]]) -> list:
+        if (prompt is None) == (messages is None):
+            raise ValueError("give exactly one of prompt (str or token ids) and messages")
+        if messages is not None:
+            return self.tokenize(self.apply_chat_template(messages), add_special=True, parse_special=True)
+        if isinstance(prompt, str):
+            return self.tokenize(prompt, add_special=True, parse_special=False)
+        ids = [int(t) for t in prompt]
+        if not ids:
+            raise ValueError("the prompt is empty")
+        return ids
+
+    # ------------------------------------------------------------------ generation
+
+    def _params(self, max_tokens: int, sampling: Optional[SamplingParams], stop, n_draft_max, p_min,
+                use_drafter, ignore_eos, overrides: Mapping[str, Any], _wrong_acceptance_rule: bool):
+        sp = sampling if sampling is not None else SamplingParams()
+        if overrides:
+            bad = set(overrides) - {f.name for f in dataclasses.fields(SamplingParams)}
+            if bad:
+                raise TypeError(f"unknown sampling argument(s): {', '.join(sorted(bad))}")
+            sp = dataclasses.replace(sp, **overrides)
+        if int(max_tokens) < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if not (0.0 <= p_min <= 1.0):
+            raise ValueError("p_min must be in [0, 1]")
+        from ._native_loader import native
+
+        g = native().GenParams()
+        g.n_predict = int(max_tokens)
+        g.temperature = float(sp.temperature)
+        g.top_k = int(sp.top_k)
+        g.top_p = float(sp.top_p)
+        g.min_p = float(sp.min_p)
+        g.seed = int(sp.seed) if sp.seed is not None else int.from_bytes(os.urandom(8), "little")
+        g.n_draft_max = -1 if n_draft_max is None else int(n_draft_max)
+        g.p_min = float(p_min)
+        g.use_drafter = bool(use_drafter)
+        g.ignore_eog = bool(ignore_eos)
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        g.stop = stops
+        g.wrong_acceptance_rule = bool(_wrong_acceptance_rule)
+        return g, stops
+
+    def generate(
+        self,
+        prompt: Optional[Prompt] = None,
+        *,
+        messages: Optional[Sequence[Mapping[str, str]]] = None,
+        max_tokens: int = 128,
+        sampling: Optional[SamplingParams] = None,
+        stop: Union[str, Sequence[str], None] = None,
+        n_draft_max: Optional[int] = None,
+        p_min: float = 0.0,
+        use_drafter: bool = True,
+        ignore_eos: bool = False,
+        stream: bool = False,
+        _wrong_acceptance_rule: bool = False,
+        **sampling_overrides: Any,
+    ) -> Union[GenerationResult, Iterator[StreamChunk]]:
+        """Generate from a prompt string, token ids, or chat messages.
+
+        Args:
+            prompt: Text (tokenized with BOS per the GGUF) or a sequence of token ids.
+            messages: Chat messages rendered with the GGUF's chat template (instead of prompt).
+            max_tokens: Maximum generated tokens (>= 1).
+            sampling: :class:`SamplingParams`; default: llama-cpp-python's defaults
+                (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, random seed).
+            stop: Stop string(s): generation ends at the token completing one; the text is cut
+                before it.
+            n_draft_max: Drafts verified per cycle (the drafter always computes its full trained
+                block; this only truncates afterwards). Default: block size - 1.
+            p_min: Stop reading drafts at the first whose draft probability (v2: softmax of the
+                selector scores at temperature 1; v1: softmax of the draft logits) is < p_min.
+            use_drafter: False runs the target alone through the same loop.
+            ignore_eos: Do not stop on end-of-generation tokens.
+            stream: Return an iterator of :class:`StreamChunk` instead of a result.
+            **sampling_overrides: ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``,
+                applied on top of ``sampling``.
+
+        Returns:
+            :class:`GenerationResult`, or an iterator of :class:`StreamChunk` when ``stream``.
+
+        Raises:
+            ValueError: bad arguments; ContextFullError: the prompt does not fit ``n_ctx``;
+            DecodeError: libllama failed (``rc`` carried); ClosedError: decoder closed.
+        """
+        ids = self._prompt_ids(prompt, messages)
+        g, stops = self._params(max_tokens, sampling, stop, n_draft_max, p_min, use_drafter, ignore_eos,
+                                sampling_overrides, _wrong_acceptance_rule)
+        if stream:
+            return self._stream(ids, g, stops)
+        eng = self.engine
+        with self._lock:
+            out = list(eng.generate(ids, g))
+            from_draft = list(eng.from_draft())
+            stats = GenerationStats._from_native(eng.stats())
+        text = self.detokenize(out)
+        if stops:
+            text, _ = _cut_stop(text, stops)
+        return GenerationResult(text=text, tokens=out, from_draft=from_draft, stats=stats)
+
+    def stream(self, prompt: Optional[Prompt] = None, **kwargs: Any) -> Iterator[StreamChunk]:
+        """Same as ``generate(..., stream=True)``."""
+        return self.generate(prompt, stream=True, **kwargs)
+
+    def _stream(self, ids: list, g, stops: list) -> Iterator[StreamChunk]:
+        eng = self.engine
+        dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        with self._lock:
+            toks, fd, done = eng.begin(ids, g)
+            all_toks = list(toks)
+            emitted = ""
+            raw_prev = b""
+            while True:
+                raw = bytes(eng.detokenize(all_toks, False))
+                text = emitted + dec.decode(raw[len(raw_prev):], final=done)
+                raw_prev = raw
+                if stops:
+                    text, _ = _cut_stop(text, stops)
+                delta, emitted = text[len(emitted):], text
+                stats = GenerationStats._from_native(eng.stats()) if done else None
+                yield StreamChunk(text=delta, tokens=list(toks), from_draft=[bool(x) for x in fd], done=done, stats=stats)
+                if done:
+                    return
+                toks, fd, done = eng.step()
+                all_toks += toks

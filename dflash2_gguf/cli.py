@@ -1,0 +1,177 @@
+"""Command line: ``dflash2-gguf <subcommand> ...`` (console script, ``main(argv=None)``).
+
+Subcommands are registered in :data:`SUBCOMMANDS` (name -> (help, add_arguments, run)); each
+imports its heavy modules only when it runs. Flags equal the library's keywords where one exists
+(llama.cpp spellings for the model flags: ``-m``, ``-md``, ``-c``, ``-t``, ``-ngl``).
+
+    dflash2-gguf generate -m TARGET.gguf -md DRAFT.gguf -p "Hello" -n 64 --temp 0 --json
+    dflash2-gguf generate -m TARGET.gguf -md none -p "Hello" -n 64        # target alone
+    dflash2-gguf convert ...                                              # = python -m convert
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable, Optional, Sequence
+
+__all__ = ["main", "SUBCOMMANDS", "build_parser", "add_model_args", "add_sampling_args"]
+
+
+# ---------------------------------------------------------------------------- shared helpers
+
+def add_model_args(p: argparse.ArgumentParser, *, drafter_required: bool = True) -> None:
+    """``-m/-md/-c/-cd/-t/-td/-ngl/-ngld`` (model and context flags shared by subcommands)."""
+    p.add_argument("-m", "--model", required=True, help="target model GGUF")
+    p.add_argument("-md", "--model-draft", required=drafter_required, default=None,
+                   help="dflash drafter GGUF, or 'none' for the target alone")
+    p.add_argument("-c", "--ctx-size", type=int, default=4096, help="target context size (tokens)")
+    p.add_argument("-cd", "--ctx-size-draft", type=int, default=None, help="drafter context size")
+    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
+    p.add_argument("-td", "--threads-draft", type=int, default=None, help="drafter CPU threads")
+    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="target layers on GPU (-1 = all)")
+    p.add_argument("-ngld", "--n-gpu-layers-draft", type=int, default=None, help="drafter layers on GPU")
+    p.add_argument("--capture", choices=("auto", "layer_inp", "cb_eval"), default="auto",
+                   help="target feature capture path (default: from the target architecture)")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """``--temp/--top-k/--top-p/--min-p/--seed`` (defaults: llama-cpp-python's)."""
+    p.add_argument("--temp", type=float, default=0.8, help="temperature (0 = greedy)")
+    p.add_argument("--top-k", type=int, default=40, help="top-k (0 = off)")
+    p.add_argument("--top-p", type=float, default=0.95, help="top-p (1 = off)")
+    p.add_argument("--min-p", type=float, default=0.05, help="min-p (0 = off)")
+    p.add_argument("--seed", type=int, default=None, help="RNG seed (default: random)")
+
+
+def open_decoder(args: argparse.Namespace):
+    """Build a :class:`~dflash2_gguf.api.DFlashDecoder` from :func:`add_model_args` flags."""
+    from .api import DFlashDecoder
+
+    md = args.model_draft
+    drafter = None if md is None or str(md).lower() == "none" else md
+    return DFlashDecoder(
+        args.model, drafter, n_ctx=args.ctx_size, n_ctx_draft=args.ctx_size_draft,
+        n_threads=args.threads, n_threads_draft=args.threads_draft,
+        n_gpu_layers=args.n_gpu_layers, n_gpu_layers_draft=args.n_gpu_layers_draft,
+        capture=args.capture,
+    )
+
+
+# ---------------------------------------------------------------------------- generate
+
+def _generate_args(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    p.add_argument("-p", "--prompt", required=True, help="prompt text (the user message with --chat)")
+    p.add_argument("-n", "--n-predict", type=int, default=128, help="maximum new tokens")
+    add_sampling_args(p)
+    p.add_argument("--spec-draft-n-max", type=int, default=None,
+                   help="drafts verified per cycle (default: block size - 1; the full block is always drafted)")
+    p.add_argument("--spec-draft-p-min", type=float, default=0.0, help="stop reading drafts below this probability")
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-generation tokens")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the GGUF's chat template")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+
+
+def _generate_run(args: argparse.Namespace) -> int:
+    from .sampling import SamplingParams
+
+    if args.n_predict < 1:
+        raise SystemExit("error: -n must be >= 1")
+    sp = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
+    kw = dict(max_tokens=args.n_predict, sampling=sp, stop=args.stop, n_draft_max=args.spec_draft_n_max,
+              p_min=args.spec_draft_p_min, ignore_eos=args.ignore_eos)
+    if args.chat:
+        kw["messages"] = [{"role": "user", "content": args.prompt}]
+        prompt = None
+    else:
+        prompt = args.prompt
+    with open_decoder(args) as dec:
+        if args.json:
+            res = dec.generate(prompt, **kw)
+            st = res.stats
+            out = {
+                "text": res.text,
+                "tokens": res.tokens,
+                "from_draft": res.from_draft,
+                "n_prompt": st.n_prompt,
+                "n_generated": st.n_generated,
+                "n_cycles": st.n_cycles,
+                "n_drafted": st.n_drafted,
+                "n_accepted": st.n_accepted,
+                "acceptance_length": st.acceptance_length,
+                "per_position_acceptance": [None if x != x else x for x in st.per_position_acceptance],
+                "tokens_per_second": st.tokens_per_second,
+                "decode_tokens_per_second": st.decode_tokens_per_second,
+                "t_prefill_s": st.t_prefill_s, "t_target_s": st.t_target_s, "t_draft_s": st.t_draft_s,
+                "t_inject_s": st.t_inject_s, "t_total_s": st.t_total_s,
+                "stop_reason": st.stop_reason,
+                "drafter_version": dec.drafter_version,
+                "capture_path": dec.capture_path,
+            }
+            print(json.dumps(out))
+        else:
+            st = None
+            for ch in dec.generate(prompt, stream=True, **kw):
+                sys.stdout.write(ch.text)
+                sys.stdout.flush()
+                st = ch.stats
+            sys.stdout.write("\n")
+            if st is not None:
+                print(f"[dflash2-gguf] {st.n_generated} tokens, {st.tokens_per_second:.2f} tok/s, "
+                      f"acceptance length {st.acceptance_length:.3f}, accepted {st.n_accepted}/{st.n_drafted}",
+                      file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------------------- convert
+
+def _convert_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of `python -m convert` (see --help there)")
+
+
+def _convert_run(args: argparse.Namespace) -> int:
+    from convert.__main__ import main as convert_main
+
+    rc = convert_main(list(args.rest))
+    return int(rc or 0)
+
+
+#: name -> (help, add_arguments(parser), run(args) -> exit code). Other subcommands (serve,
+#: bench, train, inspect) register here.
+SUBCOMMANDS: dict = {
+    "generate": ("generate text with a target GGUF and a dflash drafter GGUF", _generate_args, _generate_run),
+    "convert": ("convert an HF DFlash/DFlash 2 checkpoint to GGUF (python -m convert)", _convert_args, _convert_run),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    ap = argparse.ArgumentParser(prog="dflash2-gguf", description="DFlash / DFlash 2 speculative decoding on GGUF")
+    ap.add_argument("--version", action="version", version=f"dflash2-gguf {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (help_, add_args, run) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        add_args(p)
+        p.set_defaults(_run=run)
+    return ap
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the ``dflash2-gguf`` console script. Returns the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"dflash2-gguf {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:  # DFlashError and friends
+        print(f"dflash2-gguf {args.command}: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
