@@ -218,8 +218,8 @@ def _write_params(w: gguf.GGUFWriter, cfg: DraftConfig, file_type: FT, target: T
         _add(w, "sliding_window", cfg.sliding_window)
         if cfg.sliding_window_pattern:  # upstream's add_array drops an empty list
             _add(w, "sliding_window_pattern", list(cfg.sliding_window_pattern))
-    if cfg.causal is not None:
-        _add(w, "causal", cfg.causal)
+    if cfg.causal:  # False was already written above, at the position upstream's dict keeps
+        _add(w, "causal", True)
     if target.uses_mrope:
         _add(w, "rope_dimension_sections", [cfg.head_dim // 2, 0, 0, 0])
 
