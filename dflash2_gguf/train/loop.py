@@ -58,6 +58,7 @@ class TrainConfig:
     autocast_dtype: str | None = None   # "bfloat16" on GPUs; None = full float32
     export_dtype: str = "bfloat16"
     progress: bool = True
+    stop_at: int | None = None          # stop early at this step (checkpoint saved, no export)
     extra: dict = field(default_factory=dict)
 
 
@@ -96,8 +97,8 @@ def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
     """Train (or resume) a drafter; returns it and the log.
 
     Resumes from ``<out_dir>/checkpoint.pt`` when present (same step, optimizer moments,
-    scheduler and RNG), stops at ``cfg.steps``, saves every ``save_every`` steps and at the end,
-    then exports ``<out_dir>/hf`` in the authors' format.
+    scheduler and RNG), stops at ``cfg.steps`` (or early at ``cfg.stop_at``, without export),
+    saves every ``save_every`` steps and at the end, then exports ``<out_dir>/hf`` in the authors' format.
     """
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -146,7 +147,8 @@ def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
 
         bar = tqdm(total=cfg.steps, initial=step, desc="dflash2 train", dynamic_ncols=True)
     model.train()
-    while step < cfg.steps:
+    end = cfg.steps if cfg.stop_at is None else min(cfg.steps, cfg.stop_at)
+    while step < end:
         batch = data.sample_batch(cfg.batch_size, cfg.max_len, gen).to(device)
         with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
             res = dflash2_loss(model, batch, cfg.anchors_per_seq, gamma=cfg.gamma,
@@ -173,9 +175,11 @@ def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
                             "selector_acc": (win["sel"] / win["count"].clamp_min(1)).tolist(),
                             "lr": sched.get_last_lr()[0]})
             win = {k: (0.0 if k == "loss" else 0 if k == "n" else torch.zeros(bs - 1)) for k in win}
-        if step % cfg.save_every == 0 or step == cfg.steps:
+        if step % cfg.save_every == 0 or step == end:
             _save(ckpt, model, opt, sched, step, gen, history, model_cfg, cfg)
     if bar is not None:
         bar.close()
+    if step < cfg.steps:
+        return model, TrainState(step=step, history=history)
     export_hf(model, out / "hf", dtype=cfg.export_dtype, force=True)
     return model, TrainState(step=step, history=history)

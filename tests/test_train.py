@@ -1,0 +1,308 @@
+"""Drafter training: parity with the authors' reference, export, objective, loop, resume.
+
+Needs torch; the reference comparisons also need ``dflash==0.1.0`` (+ transformers). No network
+beyond the cached SmolLM2 GGUF (``smollm2_gguf`` fixture).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dflash2_gguf.train import objective as O  # noqa: E402
+from dflash2_gguf.train.data import FeatureShards, ShardMeta, capture_target_features, write_shard  # noqa: E402
+from dflash2_gguf.train.export import export_hf, load_hf  # noqa: E402
+from dflash2_gguf.train.loop import TrainConfig, lr_lambda, train  # noqa: E402
+from dflash2_gguf.train.model import (  # noqa: E402
+    REFERENCE_KEY_MAP,
+    DFlash2Config,
+    DFlash2Drafter,
+    build_target_layer_ids,
+)
+
+V, H = 300, 64
+
+
+def small_config(**kw) -> DFlash2Config:
+    base = dict(hidden_size=H, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, vocab_size=V, num_target_layers=8,
+                target_layer_ids=(1, 3, 5), mask_token_id=V - 1, block_size=8, selector_rank=12,
+                selector_top_k=5)
+    base.update(kw)
+    return DFlash2Config(**base)
+
+
+def random_drafter(cfg: DFlash2Config, seed: int = 0) -> DFlash2Drafter:
+    """Random weights with non-trivial norms and conv base kernels; target tensors attached."""
+    torch.manual_seed(seed)
+    m = DFlash2Drafter(cfg)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "base_kernel" in n or "norm" in n:
+                p.add_(torch.randn_like(p) * 0.1)
+    m.set_target_weights(torch.randn(cfg.vocab_size, cfg.hidden_size) * 0.5,
+                         torch.randn(cfg.vocab_size, cfg.hidden_size) * 0.5)
+    return m.float().eval()
+
+
+def reference_of(m: DFlash2Drafter):
+    """The authors' DFlash2DraftModel with the same weights (and its output head module)."""
+    pytest.importorskip("transformers")
+    ref_mod = pytest.importorskip("dflash.model")
+    from transformers import Qwen3Config
+
+    ref = ref_mod.DFlash2DraftModel(Qwen3Config(**m.config.to_hf_dict("float32"))).float().eval()
+    ref.load_state_dict({REFERENCE_KEY_MAP.get(k, k): v for k, v in m.state_dict().items()}, strict=True)
+    head = torch.nn.Linear(m.config.hidden_size, m.config.vocab_size, bias=False)
+    head.weight.data = m.lm_head.clone()
+    return ref, head
+
+
+# ------------------------------------------------------------------------------------------
+# Parity with dflash==0.1.0
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", ["plain", "scaled_softcap", "sliding"])
+def test_drafter_matches_reference_single_block(variant):
+    kw = {}
+    if variant == "scaled_softcap":
+        kw = dict(output_multiplier=0.7, final_logit_softcapping=5.0, input_embedding_scale=1.3)
+    if variant == "sliding":
+        kw = dict(layer_types=("sliding_attention", "full_attention"), sliding_window=5, is_causal=None)
+    m = random_drafter(small_config(**kw))
+    ref, head = reference_of(m)
+    c, bs = 11, m.config.block_size
+    th = torch.randn(2, c, 3 * H)
+    ids = torch.full((2, bs), m.config.mask_token_id)
+    ids[:, 0] = torch.tensor([5, 17])
+    pos = torch.arange(c + bs)[None].expand(2, -1)
+    with torch.no_grad():
+        h = m(m.embed(ids), th, pos)
+        emb_ref = torch.nn.functional.embedding(ids, m.embed_tokens) * float(kw.get("input_embedding_scale", 1.0))
+        hr = ref(position_ids=pos, noise_embedding=emb_ref, target_hidden=th)
+        assert (h - hr).abs().max() < 1e-5
+        logits, logits_ref = m.compute_logits(h), ref.compute_logits(hr, head)
+        assert (logits - logits_ref).abs().max() < 1e-4
+        # Greedy selector walk: same path, same candidates.
+        path, cand, _ = m.candidate_selector.select(h[:, 1:], logits[:, 1:], ids[:, 0], 0.0)
+        rpath, rcand, _ = ref.propose(hr[:, 1:], ids[:, 0], head, 0.0)
+        assert torch.equal(path, rpath) and torch.equal(cand, rcand)
+        # Sampled walk: our teacher-forced scores on the reference's path give its q.
+        torch.manual_seed(3)
+        spath, scand, q = ref.propose(hr[:, 1:], ids[:, 0], head, 0.8)
+        pred = torch.cat([ids[:, :1], spath[:, :-1]], 1)
+        unary, cand = m.candidate_selector.candidates(logits[:, 1:])
+        scores = m.candidate_selector.scores(h[:, 1:], unary, cand, pred)
+        assert torch.equal(cand, scand)
+        assert (torch.softmax(scores / 0.8, -1) - q).abs().max() < 1e-5
+
+
+def test_batched_anchors_match_reference_passes():
+    """The training mask (many anchors in one forward) == one reference pass per anchor."""
+    m = random_drafter(small_config())
+    ref, _ = reference_of(m)
+    bs, L = m.config.block_size, 40
+    g = torch.Generator().manual_seed(0)
+    tok = torch.randint(0, V - 1, (2, L), generator=g)
+    feat = torch.randn(2, L, 3 * H, generator=g)
+    lengths = torch.tensor([40, 30])
+    pos = torch.arange(L)[None] + torch.tensor([[0], [5]])  # second row: a window at offset 5
+    anc, valid = O.sample_anchors(lengths, torch.tensor([3, 0]), 4, g)
+    assert valid.all() and (anc >= 1).all() and (anc <= lengths[:, None] - 2).all()
+    ids, bpos, labels, pred = O.block_inputs(tok, pos, lengths, anc, valid, bs, m.config.mask_token_id)
+    mask = O.block_attention_mask(anc, L, bs)
+    with torch.no_grad():
+        h = m(m.embed(ids), feat, torch.cat([pos, bpos], 1), attention_mask=mask, block_len=bs)
+    h = h.view(2, 4, bs, H)
+    for b in range(2):
+        for a in range(4):
+            p = int(anc[b, a])
+            # labels / predecessors are the true next / previous tokens
+            k = torch.arange(1, bs)
+            want = torch.where(p + k < lengths[b], tok[b, (p + k).clamp(max=L - 1)], -100)
+            assert torch.equal(labels[b, a, 1:], want)
+            assert torch.equal(pred[b, a, 1:], tok[b, p + k - 1])
+            with torch.no_grad():
+                hr = ref(position_ids=(torch.arange(p + bs) + pos[b, 0])[None],
+                         noise_embedding=m.embed(ids[b:b + 1, a * bs:(a + 1) * bs]),
+                         target_hidden=feat[b:b + 1, :p])
+            assert (hr[0] - h[b, a]).abs().max() < 1e-5
+
+
+# ------------------------------------------------------------------------------------------
+# Checkpoint format
+# ------------------------------------------------------------------------------------------
+
+
+def test_state_dict_is_the_authors_checkpoint(tmp_path):
+    from checkpoints import make_dflash_checkpoint
+    from safetensors import safe_open
+
+    path = make_dflash_checkpoint(tmp_path / "ck", hidden_size=H, intermediate_size=96,
+                                  num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=V,
+                                  target_layer_ids=(1, 3, 5), num_target_layers=8,
+                                  selector_rank=12, selector_top_k=5, dtype="float32")
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        theirs = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    m = load_hf(path)
+    ours = {k: tuple(v.shape) for k, v in m.state_dict().items()}
+    assert ours == theirs
+    assert m.config.target_layer_ids == (1, 3, 5) and m.config.block_size == 8
+
+
+def test_export_loads_in_reference(tmp_path):
+    ref_mod = pytest.importorskip("dflash.model")
+    m = random_drafter(small_config())
+    out = export_hf(m, tmp_path / "hf", dtype="float32")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlash2DraftModel"] and cfg["model_type"] == "qwen3"
+    assert cfg["dflash_config"]["selector_top_k"] == 5
+    ref = ref_mod.DFlash2DraftModel.from_pretrained(str(out), dtype=torch.float32)
+    theirs = ref.state_dict()
+    for k, v in m.state_dict().items():
+        assert torch.equal(theirs[REFERENCE_KEY_MAP.get(k, k)], v), k
+    assert set(map(lambda k: REFERENCE_KEY_MAP.get(k, k), m.state_dict())) == set(theirs)
+    back = load_hf(out)
+    assert all(torch.equal(back.state_dict()[k], v) for k, v in m.state_dict().items())
+    with pytest.raises(FileExistsError):
+        export_hf(m, out)
+    export_hf(m, out, dtype="bfloat16", force=True)
+    assert load_hf(out).fc.weight.dtype == torch.float32
+
+
+def test_export_converts_to_gguf(tmp_path, smollm2_gguf):
+    convert = pytest.importorskip("convert.hf_to_gguf")
+    from gguf import GGUFReader
+
+    cfg = small_config(hidden_size=576, vocab_size=49152, num_target_layers=30,
+                       target_layer_ids=tuple(build_target_layer_ids(30, 2)), mask_token_id=2,
+                       selector_top_k=16, selector_rank=16, num_attention_heads=4, head_dim=16)
+    m = DFlash2Drafter(cfg)
+    out = export_hf(m, tmp_path / "hf", dtype="bfloat16")
+    gg = convert.convert_hf_to_gguf(out, smollm2_gguf, tmp_path / "d.gguf", "f16")
+    r = GGUFReader(str(gg))
+    assert len(r.tensors) == len(m.state_dict())
+    assert r.fields["general.architecture"].contents() == "dflash"
+
+
+def test_target_weights_from_real_gguf(smollm2_gguf):
+    from gguf import GGUFReader
+
+    from dflash2_gguf.train.target_weights import load_target_weights
+
+    tw = load_target_weights(smollm2_gguf)
+    assert tw.info.arch == "llama" and tw.info.n_layers == 30
+    assert tw.embed.shape == (49152, 576) and tw.head is None  # tied embeddings
+    assert np.isfinite(tw.embed).all()
+    # Q8_0 by hand for token 1: blocks of (f16 scale, 32 x int8).
+    t = next(t for t in GGUFReader(str(smollm2_gguf)).tensors if t.name == "token_embd.weight")
+    assert t.tensor_type.name == "Q8_0"
+    row = np.asarray(t.data[1]).reshape(-1, 34)
+    d = row[:, :2].copy().view(np.float16).astype(np.float32)
+    q = row[:, 2:].view(np.int8).astype(np.float32)
+    np.testing.assert_allclose(tw.embed[1], (d * q).reshape(-1), rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------------------
+# Objective, data, loop
+# ------------------------------------------------------------------------------------------
+
+
+def _synthetic_shard(path, cfg: DFlash2Config, n_seq: int = 16, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    seqs = []
+    for _ in range(n_seq):
+        n = int(rng.integers(20, 40))
+        x = [int(rng.integers(0, cfg.vocab_size - 1))]
+        for _ in range(n - 1):
+            x.append((x[-1] * 7 + 3) % (cfg.vocab_size - 1))
+        feats = rng.standard_normal((n, len(cfg.target_layer_ids) * cfg.hidden_size)).astype(np.float32)
+        seqs.append((x, feats, int(rng.integers(1, 5))))
+    return write_shard(path, seqs, ShardMeta(cfg.target_layer_ids, cfg.hidden_size, cfg.vocab_size))
+
+
+def _tiny():
+    return small_config(num_hidden_layers=1, target_layer_ids=(1, 2), block_size=4,
+                        selector_rank=8, selector_top_k=4, intermediate_size=128)
+
+
+def test_shard_roundtrip_and_windows(tmp_path):
+    cfg = _tiny()
+    p = _synthetic_shard(tmp_path / "s.safetensors", cfg)
+    data = FeatureShards([p])
+    assert len(data) == 16 and data.meta.target_layer_ids == (1, 2)
+    batch = data.sample_batch(8, 16, torch.Generator().manual_seed(0))
+    assert batch.tokens.shape == (8, 16) and batch.features.dtype == torch.float16
+    assert batch.features.shape == (8, 16, 2 * H)
+    assert (batch.lengths <= 16).all() and (batch.lengths - batch.anchor_min >= 2).all()
+    # windowed rows keep their absolute positions and the sequence's recurrence
+    for b in range(8):
+        n = int(batch.lengths[b])
+        t = batch.tokens[b, :n]
+        assert torch.equal(t[1:], (t[:-1] * 7 + 3) % (V - 1))
+        assert torch.equal(batch.positions[b, 1:] - batch.positions[b, :-1], torch.ones(15, dtype=torch.long))
+    with pytest.raises(NotImplementedError):
+        capture_target_features("x.gguf", ["hi"], tmp_path, [1])
+
+
+def test_loss_weights_and_accuracy_counts():
+    cfg = _tiny()
+    m = random_drafter(cfg)
+    g = torch.Generator().manual_seed(1)
+    L = 24
+    tok = torch.randint(0, V - 1, (2, L), generator=g)
+    batch = O.Batch(tok, torch.randn(2, L, 2 * H, generator=g), torch.arange(L).expand(2, -1),
+                    torch.tensor([24, 10]), torch.tensor([0, 2]))
+    out = O.dflash2_loss(m, batch, 5, generator=g)
+    assert out.loss.requires_grad and torch.isfinite(out.loss)
+    assert out.count.shape == (cfg.block_size - 1,) and (out.correct <= out.count).all()
+    assert O.default_gamma(16) == 7.0 and O.default_gamma(8) == 4.0
+    out.loss.backward()
+    assert m.candidate_selector.predecessor_codebook.grad is not None
+    assert m.embed_tokens.grad is None  # frozen
+
+
+def test_loss_goes_down_on_synthetic_shard(tmp_path):
+    cfg = _tiny()
+    p = _synthetic_shard(tmp_path / "s.safetensors", cfg)
+    emb = torch.randn(V, H, generator=torch.Generator().manual_seed(0)) * 0.3
+    model, state = train(cfg, TrainConfig(shards=[str(p)], out_dir=str(tmp_path / "run"), steps=30,
+                                          lr=3e-3, warmup_steps=3, batch_size=4, max_len=24,
+                                          anchors_per_seq=4, log_every=10, save_every=100,
+                                          progress=False), target_weights=(emb, None))
+    losses = [h["loss"] for h in state.history]
+    assert state.step == 30 and len(losses) == 3
+    assert losses[-1] < 0.7 * losses[0], losses
+    assert (tmp_path / "run" / "hf" / "model.safetensors").exists()
+    assert (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def test_resume_restores_step_and_optimizer(tmp_path):
+    cfg = _tiny()
+    p = _synthetic_shard(tmp_path / "s.safetensors", cfg)
+    emb = torch.randn(V, H, generator=torch.Generator().manual_seed(0)) * 0.3
+    kw = dict(shards=[str(p)], steps=8, lr=3e-3, warmup_steps=2, batch_size=2, max_len=24,
+              anchors_per_seq=3, save_every=100, progress=False)
+    # Interrupted at step 4, then resumed to 8 ...
+    m_a, st_a = train(cfg, TrainConfig(out_dir=str(tmp_path / "a"), stop_at=4, **kw), target_weights=(emb, None))
+    assert st_a.step == 4 and not (tmp_path / "a" / "hf").exists()
+    ck = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)
+    assert ck["step"] == 4 and ck["scheduler"]["last_epoch"] == 4
+    assert all(int(s["step"]) == 4 for s in ck["optimizer"]["state"].values())
+    m_b, st_b = train(cfg, TrainConfig(out_dir=str(tmp_path / "a"), **kw), target_weights=(emb, None))
+    # ... equals one uninterrupted run of 8 steps.
+    m_c, st_c = train(cfg, TrainConfig(out_dir=str(tmp_path / "c"), **kw), target_weights=(emb, None))
+    assert st_b.step == st_c.step == 8
+    for k, v in m_c.state_dict().items():
+        assert torch.allclose(m_b.state_dict()[k], v, atol=1e-6, rtol=0), k
+
+
+def test_lr_schedule():
+    f = lr_lambda(10, 110, 0.1)
+    assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
+    assert f(10) == pytest.approx(1.0) and f(60) == pytest.approx(0.55) and f(110) == pytest.approx(0.1)
