@@ -1,0 +1,68 @@
+"""Session fixtures for the driver tests: tiny targets and drafters (built once per session),
+random SmolLM2 drafters converted with our converter, and the native-extension skip."""
+
+from __future__ import annotations
+
+import pytest
+
+from tiny_models import tiny_drafter, write_tiny_target
+
+
+def _need_native():
+    try:
+        from dflash2_gguf._native_loader import native
+
+        native()
+    except ImportError as e:  # pragma: no cover - depends on the build
+        pytest.skip(f"native extension unavailable: {e}")
+
+
+@pytest.fixture(scope="session")
+def native_ext():
+    _need_native()
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_dir):
+    """Tiny random F32 llama target (hidden 288, 4 layers, vocab 48): layer-input path."""
+    return write_tiny_target(tiny_dir / "tiny_llama.gguf", arch="llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tiny_dir):
+    """Tiny random F32 qwen2 target (same sizes): cb_eval path."""
+    return write_tiny_target(tiny_dir / "tiny_qwen2.gguf", arch="qwen2", seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_drafters(tiny_dir, tiny_llama):
+    """{1: v1 GGUF, 2: v2 GGUF}: random F32 drafters (1 layer, block 6) for the tiny targets."""
+    return {v: tiny_drafter(tiny_dir / f"d{v}", tiny_llama, version=v, seed=v) for v in (1, 2)}
+
+
+@pytest.fixture(scope="session")
+def tiny_peaked(tiny_dir):
+    """Tiny llama target whose argmax is often token 7, plus {1: v1, 2: v2} random drafters that
+    then agree with it often (greedy acceptance ~20%): (target, drafters)."""
+    t = write_tiny_target(tiny_dir / "tiny_peaked.gguf", arch="llama", peak=3.0, seed=2)
+    return t, {v: tiny_drafter(tiny_dir / f"p{v}", t, version=v, seed=10 + v) for v in (1, 2)}
+
+
+@pytest.fixture(scope="session")
+def smollm2_drafters(tmp_path_factory, smollm2_gguf):
+    """{1: v1, 2: v2}: random 2-layer SmolLM2 drafters (hidden 576, block 8), q8_0, converted
+    with our converter from checkpoints in the authors' format."""
+    from checkpoints import make_dflash_checkpoint
+    from convert import convert_hf_to_gguf
+
+    root = tmp_path_factory.mktemp("smol_drafters")
+    out = {}
+    for v in (1, 2):
+        ck = make_dflash_checkpoint(root / f"hf_v{v}", version=v, seed=v)
+        out[v] = convert_hf_to_gguf(ck, smollm2_gguf, root / f"smol_v{v}.gguf", outtype="q8_0", force=True)
+    return out

@@ -1,0 +1,168 @@
+"""Tiny random target GGUFs (llama / qwen2 architecture) and matching drafters, for fast tests.
+
+``write_tiny_target`` writes an F32 model with the ``gguf`` writer: a 48-token SentencePiece-style
+vocabulary (``<unk> <s> </s> <mask>`` + 44 pieces), ``hidden`` wide, ``n_layer`` deep. Weights
+are normals with std ``1/sqrt(fan_in)`` (so attention mixes context: a stale K/V entry after a
+bad rollback changes the output) and an output head scaled to logits of std ~1.5 (spread enough
+that random drafters get accepted sometimes, peaked enough that the distribution matters).
+
+``tiny_drafter`` makes a random drafter in the authors' HF format (``tests/checkpoints.py``) for
+such a target and converts it with our converter (``convert.convert_hf_to_gguf``).
+
+``rewrite_gguf`` copies a GGUF with some metadata replaced (for mismatched-pair tests).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+import gguf
+
+__all__ = ["TINY_VOCAB", "MASK_ID", "write_tiny_target", "tiny_drafter", "rewrite_gguf", "read_tensor"]
+
+_PIECES = ["_" + c for c in "abcdefghijklmnopqrstuvwxyz"] + list("abcdefghijklmnopqr")
+TINY_VOCAB = ["<unk>", "<s>", "</s>", "<mask>"] + _PIECES  # 48 tokens
+MASK_ID = 3
+
+
+def write_tiny_target(path: str | Path, *, arch: str = "llama", hidden: int = 288, n_layer: int = 4,
+                      n_head: int = 4, n_head_kv: int = 2, n_ff: int = 576, seed: int = 0,
+                      logit_std: float = 1.5, peak: float = 0.0, peak_token: int = 7) -> Path:
+    """Write a tiny random F32 target GGUF and return its path.
+
+    Args:
+        path: Output file.
+        arch: ``"llama"`` (records layer inputs in libllama) or ``"qwen2"`` (does not: cb_eval).
+        hidden, n_layer, n_head, n_head_kv, n_ff: Sizes (head_dim = hidden / n_head).
+        seed: numpy seed.
+        logit_std: Approximate std of the output logits.
+        peak: When > 0, every token embedding gets ``+peak`` on dimension 0 and the output row of
+            ``peak_token`` weight 1 there, so ``peak_token`` is often the argmax of the target
+            AND of a random drafter (which reads the same embeddings and head): greedy drafts
+            then get accepted, which exercises the acceptance path at T = 0.
+    """
+    path = Path(path)
+    rng = np.random.default_rng(seed)
+    hd = hidden // n_head
+    V = len(TINY_VOCAB)
+
+    def mat(out_f: int, in_f: int, std: float | None = None) -> np.ndarray:
+        s = (1.0 / np.sqrt(in_f)) if std is None else std
+        return (rng.standard_normal((out_f, in_f)) * s).astype(np.float32)
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(2048)
+    w.add_embedding_length(hidden)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_dimension_count(hd)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(TINY_VOCAB)
+    w.add_token_scores([0.0] * 4 + [-float(i) for i in range(len(_PIECES))])
+    w.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL,
+                       gguf.TokenType.CONTROL] + [gguf.TokenType.NORMAL] * len(_PIECES))
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+
+    emb = rng.standard_normal((V, hidden)).astype(np.float32)
+    out = mat(V, hidden, logit_std / np.sqrt(hidden))
+    if peak > 0:
+        emb[:, 0] += np.float32(peak)
+        out[peak_token, 0] = 1.0
+    w.add_tensor("token_embd.weight", emb)
+    w.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    w.add_tensor("output.weight", out)
+    for i in range(n_layer):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.attn_q.weight", mat(n_head * hd, hidden))
+        w.add_tensor(f"blk.{i}.attn_k.weight", mat(n_head_kv * hd, hidden))
+        w.add_tensor(f"blk.{i}.attn_v.weight", mat(n_head_kv * hd, hidden))
+        if arch == "qwen2":
+            for nm, n in (("q", n_head * hd), ("k", n_head_kv * hd), ("v", n_head_kv * hd)):
+                w.add_tensor(f"blk.{i}.attn_{nm}.bias", (rng.standard_normal(n) * 0.1).astype(np.float32))
+        w.add_tensor(f"blk.{i}.attn_output.weight", mat(hidden, n_head * hd))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.ffn_gate.weight", mat(n_ff, hidden))
+        w.add_tensor(f"blk.{i}.ffn_up.weight", mat(n_ff, hidden))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", mat(hidden, n_ff))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def tiny_drafter(folder: str | Path, target: str | Path, *, version: int, hidden: int = 288, num_layers: int = 1,
+                 target_layer_ids=(0, 2), num_target_layers: int = 4, block_size: int = 6,
+                 outtype: str = "f32", seed: int = 0, **kw: Any) -> Path:
+    """Random drafter (authors' HF format) for a tiny target, converted to GGUF; returns the GGUF."""
+    from checkpoints import make_dflash_checkpoint
+    from convert import convert_hf_to_gguf
+
+    folder = Path(folder)
+    ck = make_dflash_checkpoint(
+        folder / f"hf_v{version}", version=version, hidden_size=hidden, intermediate_size=2 * hidden,
+        num_layers=num_layers, num_heads=4, num_kv_heads=2, head_dim=hidden // 4, vocab_size=len(TINY_VOCAB),
+        target_layer_ids=target_layer_ids, num_target_layers=num_target_layers, block_size=block_size,
+        mask_token_id=MASK_ID, dtype="float32", seed=seed, selector_rank=32, selector_top_k=16, **kw)
+    return convert_hf_to_gguf(ck, target, folder / f"drafter_v{version}_{outtype}.gguf", outtype=outtype, force=True)
+
+
+def read_tensor(path: str | Path, name: str) -> np.ndarray:
+    """An F32 tensor of a GGUF as numpy, in the HF orientation (``[out, in]``)."""
+    r = gguf.GGUFReader(str(path))
+    for t in r.tensors:
+        if t.name == name:
+            if t.tensor_type != gguf.GGMLQuantizationType.F32:
+                raise ValueError(f"{name} is {t.tensor_type.name}, not F32")
+            return np.array(t.data, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)])
+    raise KeyError(name)
+
+
+def rewrite_gguf(src: str | Path, dst: str | Path, overrides: Mapping[str, Any]) -> Path:
+    """Copy GGUF ``src`` to ``dst`` with metadata ``overrides`` ({key: value}; types kept).
+
+    Array values keep their element type. Tensors are copied byte for byte.
+    """
+    r = gguf.GGUFReader(str(src))
+    arch = bytes(r.fields["general.architecture"].parts[r.fields["general.architecture"].data[0]]).decode()
+    w = gguf.GGUFWriter(str(dst), arch)
+    skip = {"general.architecture", "GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"}
+    for name, f in r.fields.items():
+        if name in skip:
+            continue
+        vt = f.types[0]
+        if name in overrides:
+            val = overrides[name]
+        elif vt == gguf.GGUFValueType.ARRAY:
+            sub = f.types[-1]
+            if sub == gguf.GGUFValueType.STRING:
+                val = [bytes(f.parts[i]) for i in f.data]
+            else:
+                val = [x.item() for i in f.data for x in f.parts[i]]
+        elif vt == gguf.GGUFValueType.STRING:
+            val = bytes(f.parts[f.data[0]])
+        else:
+            val = f.parts[f.data[0]][0].item()
+        if vt == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(name, val, vt, sub_type=f.types[-1])
+        else:
+            w.add_key_value(name, val, vt)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.array(t.data), raw_shape=[int(x) for x in reversed(t.shape)], raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(dst)
