@@ -101,16 +101,23 @@ def _download_sdist(dest: Path, quiet: bool) -> Path:
         "package registry:\n" + "\n".join(errors))
 
 
-def fetch_upstream(*, quiet: bool = True) -> Path:
+def fetch_upstream(*, quiet: bool = True, needed: tuple[str, ...] | None = _NEEDED,
+                   root: Path | None = None) -> Path:
     """Return upstream's ``vendor/llama.cpp`` folder (converter only), fetching it once.
 
     The folder holds ``convert_hf_to_gguf.py``, ``conversion/``, ``gguf-py/gguf/`` and
     ``models/templates/`` of llama.cpp 0c1e570, extracted from the pinned llama-cpp-python sdist.
 
+    Args:
+        quiet: Do not report the download on stderr.
+        needed: Paths under ``vendor/llama.cpp/`` to extract (files, or folders ending in
+            ``/``); None extracts the whole tree (the C++ sources, for building upstream's tools).
+        root: Destination folder (default: ``<cache>/upstream-0c1e570``).
+
     Raises:
         UpstreamUnavailable: The sdist could not be downloaded or failed its sha256 check.
     """
-    root = cache_dir() / f"upstream-{UPSTREAM_COMMIT}"
+    root = Path(root) if root is not None else cache_dir() / f"upstream-{UPSTREAM_COMMIT}"
     if (root / _MARKER).is_file():
         return root
     root.parent.mkdir(parents=True, exist_ok=True)
@@ -126,7 +133,8 @@ def fetch_upstream(*, quiet: bool = True) -> Path:
                 if not member.name.startswith(_VENDOR) or not (member.isfile() or member.isdir()):
                     continue
                 rel = member.name[len(_VENDOR):]
-                if not any(rel == n or (n.endswith("/") and rel.startswith(n)) for n in _NEEDED):
+                if needed is not None and not any(
+                        rel == n or (n.endswith("/") and rel.startswith(n)) for n in needed):
                     continue
                 if member.isdir():
                     continue
