@@ -175,7 +175,9 @@ def test_export_loads_in_reference(tmp_path):
     assert load_hf(out).fc.weight.dtype == torch.float32
 
 
+@pytest.mark.slow
 def test_export_converts_to_gguf(tmp_path, smollm2_gguf):
+    """(slow: the converter parses the target's 49k-token vocabulary, ~15-30 s on 2 cores)"""
     convert = pytest.importorskip("convert.hf_to_gguf")
     from gguf import GGUFReader
 
@@ -190,17 +192,29 @@ def test_export_converts_to_gguf(tmp_path, smollm2_gguf):
     assert r.fields["general.architecture"].contents() == "dflash"
 
 
-def test_target_weights_from_real_gguf(smollm2_gguf):
+@pytest.fixture(scope="module")
+def smollm2_reader(smollm2_gguf):
+    """GGUFReader of the real target, parsed once per module (its vocabulary takes seconds)."""
     from gguf import GGUFReader
 
+    return GGUFReader(str(smollm2_gguf))
+
+
+@pytest.fixture(scope="module")
+def smollm2_weights(smollm2_reader):
+    """The real target's dequantized embedding (tied head), read once per module."""
     from dflash2_gguf.train.target_weights import load_target_weights
 
-    tw = load_target_weights(smollm2_gguf)
+    return load_target_weights(smollm2_reader)
+
+
+def test_target_weights_from_real_gguf(smollm2_reader, smollm2_weights):
+    tw = smollm2_weights
     assert tw.info.arch == "llama" and tw.info.n_layers == 30
     assert tw.embed.shape == (49152, 576) and tw.head is None  # tied embeddings
     assert np.isfinite(tw.embed).all()
     # Q8_0 by hand for token 1: blocks of (f16 scale, 32 x int8).
-    t = next(t for t in GGUFReader(str(smollm2_gguf)).tensors if t.name == "token_embd.weight")
+    t = next(t for t in smollm2_reader.tensors if t.name == "token_embd.weight")
     assert t.tensor_type.name == "Q8_0"
     row = np.asarray(t.data[1]).reshape(-1, 34)
     d = row[:, :2].copy().view(np.float16).astype(np.float32)
@@ -246,8 +260,6 @@ def test_shard_roundtrip_and_windows(tmp_path):
         t = batch.tokens[b, :n]
         assert torch.equal(t[1:], (t[:-1] * 7 + 3) % (V - 1))
         assert torch.equal(batch.positions[b, 1:] - batch.positions[b, :-1], torch.ones(15, dtype=torch.long))
-    with pytest.raises(NotImplementedError):
-        capture_target_features("x.gguf", ["hi"], tmp_path, [1])
 
 
 def test_loss_weights_and_accuracy_counts():
@@ -306,3 +318,33 @@ def test_lr_schedule():
     f = lr_lambda(10, 110, 0.1)
     assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
     assert f(10) == pytest.approx(1.0) and f(60) == pytest.approx(0.55) and f(110) == pytest.approx(0.1)
+
+
+def test_capture_target_features_from_real_gguf(tmp_path, smollm2_gguf, smollm2_reader, smollm2_weights):
+    """cb_eval capture of l_out-{k}: shards readable; the last layer's features, through the
+    target's output norm and tied head, give back llama.cpp's own logits."""
+    pytest.importorskip("llama_cpp")
+    from dflash2_gguf.train.capture import LlamaFeatureCapture
+
+    paths = capture_target_features(smollm2_gguf, ["What is 2+3?", "Name a colour."], tmp_path,
+                                    [1, 14, 29], max_new_tokens=6, seqs_per_shard=1, n_ctx=256,
+                                    n_batch=64, n_threads=2, progress=False)
+    assert len(paths) == 2
+    data = FeatureShards(paths)
+    assert data.meta.target_layer_ids == (1, 14, 29) and data.meta.hidden_size == 576
+    assert data.meta.vocab_size == 49152
+    si, start, n, plen = data.index[0]
+    assert n - plen >= 2 and plen > 5
+    with LlamaFeatureCapture(smollm2_gguf, [29], n_ctx=256, n_batch=64, n_threads=2) as cap:
+        toks = data._tokens[si][start:start + n].tolist()
+        feats, logits = cap.run(toks)
+        # generation-time features (one token per decode) == one batched pass, bit for bit
+        stored = data._features[si][start:start + n][:, 2 * 576:].float().numpy()
+        np.testing.assert_allclose(stored, feats.astype(np.float16).astype(np.float32), rtol=0, atol=0)
+    w = next(t for t in smollm2_reader.tensors if t.name == "output_norm.weight").data
+    eps = 1e-5
+    hn = feats / np.sqrt((feats.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps) * w
+    mine = hn @ smollm2_weights.embed.T
+    # llama.cpp's head runs Q8_0 x Q8 activations: about 1% of the logit range.
+    assert np.abs(mine - logits).max() < 0.03 * np.abs(logits).max()
+    assert (mine.argmax(-1) == logits.argmax(-1)).mean() >= 0.8

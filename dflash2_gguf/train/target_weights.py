@@ -94,12 +94,13 @@ def dequantize_tensor(tensor) -> np.ndarray:
     return np.ascontiguousarray(out.reshape(shape), dtype=np.float32)
 
 
-def load_target_weights(path: str | Path) -> TargetWeights:
+def load_target_weights(path) -> TargetWeights:
     """Dequantize ``token_embd.weight`` and ``output.weight`` (if any) of the target GGUF at
-    ``path``. Shapes are checked against the GGUF's embedding length and vocab size."""
+    ``path`` (a path, or an open ``gguf.GGUFReader``: parsing a large vocabulary takes
+    seconds). Shapes are checked against the GGUF's embedding length and vocab size."""
     from gguf import GGUFReader
 
-    reader = GGUFReader(str(path))
+    reader = path if isinstance(path, GGUFReader) else GGUFReader(str(path))
     info = read_target_info(reader)
     by_name = {t.name: t for t in reader.tensors}
     if "token_embd.weight" not in by_name:
