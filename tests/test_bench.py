@@ -1,0 +1,148 @@
+"""dflash2-gguf bench: dataset table (the authors' templates on the real files), the seeded pick,
+MBPP by path, the per-pass statistics, upstream log parsing, and a CLI smoke run on SmolLM2 with
+a random DFlash 2 drafter."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from driver_fixtures import native_ext, smollm2_drafters  # noqa: F401
+
+from dflash2_gguf import bench
+
+MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+
+
+def _mbpp_path() -> Path:
+    for cand in (Path(__file__).resolve().parents[2] / "shared" / "data" / "mbpp.jsonl",
+                 Path("/work/shared/data/mbpp.jsonl")):
+        if cand.is_file():
+            return cand
+    pytest.skip("../shared/data/mbpp.jsonl is not at hand")
+
+
+# ---------------------------------------------------------------------------- datasets
+
+@pytest.mark.parametrize("name, rows", [("gsm8k", 1319), ("math500", 500), ("humaneval", 164), ("mt-bench", 80)])
+def test_dataset_templates_on_real_files(name, rows):
+    data = bench.load_rows(name)
+    assert len(data) == rows
+    r = data[0]
+    turns = bench.format_turns(name, r)
+    if name == "gsm8k":
+        assert turns == [r["question"] + MATH_SUFFIX]
+        assert turns[0].endswith("put your final answer within \\boxed{}.")
+    elif name == "math500":
+        assert turns == [r["problem"] + MATH_SUFFIX]
+    elif name == "humaneval":
+        assert turns == ["Write a solution to the following problem and make sure that it passes the tests:\n"
+                         "```python\n" + r["prompt"] + "\n```"]
+    else:
+        assert turns == r["turns"] and len(turns) == 2  # MT-Bench: two user turns
+
+
+def test_seeded_pick_matches_the_authors_shuffle():
+    rows = bench.load_rows("gsm8k")
+    order = list(range(len(rows)))
+    random.Random(42).shuffle(order)
+    picked = bench.load_prompts("gsm8k", 3)
+    assert picked == [[rows[i]["question"] + MATH_SUFFIX] for i in order[:3]]
+    assert bench.load_prompts("gsm8k", 3) == picked  # deterministic
+
+
+def test_mbpp_by_name_and_by_path(tmp_path, monkeypatch):
+    path = _mbpp_path()
+    rows = bench.load_rows(str(path))
+    assert len(rows) == 974
+    by_path = bench.load_prompts(str(path), 4)
+    assert all(len(t) == 1 and isinstance(t[0], str) and t[0] for t in by_path)
+    # the task text as is, no template
+    order = list(range(len(rows)))
+    random.Random(42).shuffle(order)
+    assert by_path == [[rows[i]["text"]] for i in order[:4]]
+    monkeypatch.setenv("DFLASH2_GGUF_MBPP", str(path))
+    assert bench.load_prompts("mbpp", 4) == by_path
+    # a sanitized-style file ("prompt" field) and a generic file with "turns"
+    (tmp_path / "mbpp_sanitized.jsonl").write_text(json.dumps({"prompt": "Write f.", "text": "x"}) + "\n")
+    assert bench.load_prompts(str(tmp_path / "mbpp_sanitized.jsonl")) == [["Write f."]]
+    (tmp_path / "mine.jsonl").write_text(json.dumps({"turns": ["a", "b"]}) + "\n")
+    assert bench.load_prompts(str(tmp_path / "mine.jsonl")) == [["a", "b"]]
+    with pytest.raises(ValueError):
+        bench.load_prompts(str(tmp_path / "missing.jsonl"))
+
+
+# ---------------------------------------------------------------------------- statistics
+
+def test_committed_per_pass():
+    # prefill token, then passes committing 3 (2 drafts + bonus), 1, 2, and a last one cut after 2 drafts
+    fd = [False, True, True, False, False, True, False, True, True]
+    assert bench.committed_per_pass(fd) == [3, 1, 2, 2]
+    assert bench.committed_per_pass([False]) == []
+    assert bench.committed_per_pass([False, False, False]) == [1, 1]
+
+
+def test_parse_upstream_logs():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks/
+    from benchmarks.upstream_driver import parse_completion, parse_speculative_simple
+
+    log = ("main: encoded   40 tokens in    0.100 seconds, speed:  400.000 t/s\n"
+           "main: decoded   65 tokens in    1.300 seconds, speed:   50.000 t/s\n\n"
+           "main: n_draft   = 7\nmain: n_predict = 65\nmain: n_drafted = 84\nmain: n_accept  = 40\n")
+    r = parse_speculative_simple(log)
+    assert (r.n_generated, r.n_drafted, r.n_accepted) == (65, 84, 40)
+    assert r.decode_tokens_per_second == 50.0 and math.isclose(r.acceptance_length, 65 / 25)
+    c = parse_completion("llama_perf_context_print: prompt eval time =  10.00 ms /  5 tokens (2.00 ms per token, "
+                         "500.00 tokens per second)\nllama_perf_context_print:        eval time =  630.00 ms / "
+                         "  63 runs   (   10.00 ms per token,   100.00 tokens per second)\n")
+    assert (c.n_generated, c.decode_tokens_per_second) == (63, 100.0)
+    with pytest.raises(ValueError):
+        parse_speculative_simple("nothing")
+
+
+# ---------------------------------------------------------------------------- smoke run
+
+@pytest.mark.native
+@pytest.mark.slow
+def test_bench_cli_smoke(native_ext, smollm2_gguf, smollm2_drafters, tmp_path):  # noqa: F811
+    from dflash2_gguf.cli import main
+
+    out = tmp_path / "out"
+    rc = main(["bench", "-m", str(smollm2_gguf), "-md", str(smollm2_drafters[2]), "--dataset", "gsm8k",
+               "--n-prompts", "2", "--max-new-tokens", "16", "--temp", "0", "-t", "1", "--out", str(out),
+               "--no-progress"])
+    assert rc == 0
+    rep = json.loads((out / "bench.json").read_text())
+    c, s = rep["config"], rep["summary"]
+    assert c["dataset"] == "gsm8k" and c["n_prompts"] == 2 and c["max_new_tokens"] == 16
+    assert c["block_size"] == 8 and c["drafter_version"] == 2 and c["temperature"] == 0
+    for key in ("acceptance_length", "acceptance_histogram", "per_position_acceptance", "pos_reached",
+                "pos_accepted", "base_tokens_per_second", "spec_tokens_per_second", "speedup",
+                "decode_speedup", "mismatches", "n_cycles"):
+        assert key in s, key
+    assert s["n_requests"] == 2 and len(rep["requests"]) == 2
+    assert s["mismatches"] == 0
+    assert len(s["per_position_acceptance"]) == 7
+    taus = []
+    for r in rep["requests"]:
+        sp = r["spec"]
+        assert r["tokens_equal"] and r["first_mismatch"] is None
+        assert sp["n_generated"] == r["base"]["n_generated"] <= 16
+        # tau = tokens committed by target passes / passes (the prefill's token is not a pass)
+        assert sp["n_cycles"] == len(sp["committed"]) > 0
+        assert sum(sp["committed"]) == sp["n_generated"] - 1
+        assert math.isclose(sp["acceptance_length"], (sp["n_generated"] - 1) / sp["n_cycles"])
+        assert sp["acceptance_length"] >= 1.0
+        taus.append(sp["acceptance_length"])
+    assert math.isclose(s["acceptance_length"], sum(taus) / len(taus))
+    assert sum(s["acceptance_histogram"].values()) == s["n_cycles"]
+    assert s["base_tokens_per_second"] > 0 and s["spec_tokens_per_second"] > 0 and s["speedup"] > 0
+    md = (out / "bench.md").read_text()
+    assert "| target + drafter |" in md and "Per-position conditional acceptance" in md
+    png = (out / "per_position_acceptance.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
