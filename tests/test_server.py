@@ -191,6 +191,7 @@ def test_llama_server_completion_endpoint(live, reference):
 
 # ---------------------------------------------------------------------------- load
 
+@pytest.mark.slow
 def test_sixteen_concurrent_streaming_clients(live, client, reference):
     want = {p: reference(p) for p in PROMPTS}
     before = _metrics(live.url)
@@ -262,6 +263,7 @@ def test_bad_requests_get_openai_errors_and_server_keeps_serving(live, client):
     assert httpx.get(url + "/health", timeout=30).status_code == 200
 
 
+@pytest.mark.slow
 def test_disconnect_cancels_generation(live, reference):
     n_predict = 400
     before = _metrics(live.url)

@@ -181,8 +181,9 @@ class _Service:
                     raise APIError(503, f"the model worker stopped: {self.worker.unavailable_reason()}",
                                    "server_error", None, "unavailable") from None
                 if request is not None and await request.is_disconnected():
-                    job.cancel()
-                    raise asyncio.CancelledError("client disconnected")
+                    job.cancel()  # nobody reads the answer: 499 as nginx logs it
+                    raise APIError(499, "client closed the request", "invalid_request_error", None,
+                                   "client_disconnected")
 
     async def collect(self, job: Job, first: tuple, request: Request) -> tuple[str, list, Any]:
         """Run a job to its end; returns (text, tokens, stats)."""
