@@ -348,3 +348,21 @@ def test_capture_target_features_from_real_gguf(tmp_path, smollm2_gguf, smollm2_
     # llama.cpp's head runs Q8_0 x Q8 activations: about 1% of the logit range.
     assert np.abs(mine - logits).max() < 0.03 * np.abs(logits).max()
     assert (mine.argmax(-1) == logits.argmax(-1)).mean() >= 0.8
+
+
+def test_config_for_target_and_cli_helpers(tmp_path, smollm2_reader):
+    from dflash2_gguf.train.cli import build_parser, load_prompts
+    from dflash2_gguf.train.target_weights import read_target_info
+
+    info = read_target_info(smollm2_reader)
+    cfg = DFlash2Config.for_target(info)
+    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (576, 9, 3, 64)
+    assert cfg.target_layer_ids == (1, 8, 14, 20, 27) and cfg.rope_theta == 100000.0
+    assert cfg.rms_norm_eps == 1e-5 and cfg.mask_token_id == 0  # SmolLM2's unknown token
+    assert DFlash2Config.from_hf_dict(cfg.to_hf_dict()) == cfg
+    with pytest.raises(ValueError):
+        DFlash2Config.for_target(info, selector_top_k=24)  # 576 < 24 * 25
+    (tmp_path / "p.jsonl").write_text('{"question": "a"}\n{"problem": "b"}\n{"turns": ["c", "d"]}\n')
+    assert sorted(load_prompts(str(tmp_path / "p.jsonl"))) == ["a", "b", "c"]
+    args = build_parser().parse_args(["fit", "--target", "t.gguf", "--shards", "x", "--out", "o"])
+    assert args.layers == 5 and args.block_size == 16

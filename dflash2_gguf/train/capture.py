@@ -36,6 +36,13 @@ import numpy as np
 __all__ = ["LlamaFeatureCapture", "generate_and_capture"]
 
 
+def _silent(level, text, user_data):  # llama.cpp log callback that drops everything
+    return None
+
+
+_SILENT_LOG = None
+
+
 def _ggml_base():
     import llama_cpp
 
@@ -69,13 +76,21 @@ class LlamaFeatureCapture:
         n_batch: rows per decode call.
         n_threads: CPU threads (default: all cores).
         n_gpu_layers: layers offloaded when llama-cpp-python was built with a GPU backend.
+        verbose: keep llama.cpp's log on stderr (False installs a silent log callback,
+            process-wide, as ``llama_cpp.Llama(verbose=False)`` does).
     """
 
     def __init__(self, model_path: str | Path, target_layer_ids: Sequence[int], *, n_ctx: int = 4096,
-                 n_batch: int = 512, n_threads: int | None = None, n_gpu_layers: int = 0) -> None:
+                 n_batch: int = 512, n_threads: int | None = None, n_gpu_layers: int = 0,
+                 verbose: bool = False) -> None:
         import llama_cpp as L
 
+        global _SILENT_LOG
+        if _SILENT_LOG is None:
+            _SILENT_LOG = L.llama_log_callback(_silent)  # kept referenced for the process
         self._L = L
+        if not verbose:
+            L.llama_log_set(_SILENT_LOG, ctypes.c_void_p(0))
         self._g = _ggml_base()
         self.layer_ids = [int(k) for k in target_layer_ids]
         self._want = {f"l_out-{k}".encode(): i for i, k in enumerate(self.layer_ids)}

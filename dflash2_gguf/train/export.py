@@ -6,7 +6,7 @@ The folder holds ``config.json`` (``architectures: ["DFlash2DraftModel"]``, ``mo
 state-dict keys, which are the authors' names (no ``model.`` prefix; the selector codebooks
 without ``.weight``). It loads in ``dflash==0.1.0`` with
 ``DFlash2DraftModel.from_pretrained(folder)`` and converts to GGUF with
-``python -m convert <folder> --target <target.gguf>``.
+``python -m convert hf-to-gguf <folder> --target <target.gguf>``.
 """
 
 from __future__ import annotations

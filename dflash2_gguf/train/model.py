@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -244,6 +244,40 @@ class DFlash2Config:
             input_embedding_scale=get("input_embedding_scale", None),
             hidden_act=cfg.get("hidden_act", "silu"),
         )
+
+    @classmethod
+    def for_target(cls, info: Any, *, num_hidden_layers: int = 5, block_size: int = 16,
+                   target_layer_ids: Sequence[int] | None = None, mask_token_id: int | None = None,
+                   **overrides: Any) -> "DFlash2Config":
+        """A drafter shaped like the target (``info``: :class:`~.target_weights.TargetInfo`):
+        same hidden size, heads, head dim, FFN width, RoPE base and norm eps, as the authors'
+        drafters copy their target's Qwen3 sizes; layer ids by :func:`build_target_layer_ids`.
+        llama.cpp needs ``hidden_size >= top_k * (top_k + 1)`` (the lattice rows)."""
+        kw: dict[str, Any] = dict(
+            hidden_size=info.hidden_size,
+            intermediate_size=info.n_ff or 3 * info.hidden_size,
+            num_hidden_layers=num_hidden_layers,
+            num_attention_heads=info.n_head,
+            num_key_value_heads=info.n_head_kv or info.n_head,
+            head_dim=info.head_dim or info.hidden_size // info.n_head,
+            vocab_size=info.vocab_size,
+            num_target_layers=info.n_layers,
+            target_layer_ids=tuple(target_layer_ids if target_layer_ids is not None
+                                   else build_target_layer_ids(info.n_layers, num_hidden_layers)),
+            mask_token_id=mask_token_id if mask_token_id is not None else info.default_mask_token_id(),
+            block_size=block_size,
+            rms_norm_eps=info.rms_norm_eps or 1e-6,
+            rope_theta=info.rope_theta or 1_000_000.0,
+        )
+        kw.update(overrides)
+        cfg = cls(**kw)
+        if cfg.hidden_size < cfg.selector_top_k * (cfg.selector_top_k + 1):
+            raise ValueError(f"hidden_size {cfg.hidden_size} < top_k*(top_k+1) = "
+                             f"{cfg.selector_top_k * (cfg.selector_top_k + 1)}: llama.cpp refuses it")
+        bad = [k for k in cfg.target_layer_ids if not 0 <= k < info.n_layers]
+        if bad:
+            raise ValueError(f"target layer ids {bad} out of range for {info.n_layers} layers")
+        return cfg
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)

@@ -33,6 +33,18 @@ class TargetInfo:
     hidden_size: int
     vocab_size: int
     context_length: int | None
+    n_head: int | None = None
+    n_head_kv: int | None = None
+    n_ff: int | None = None
+    head_dim: int | None = None
+    rope_theta: float | None = None
+    rms_norm_eps: float | None = None
+    mask_token_id: int | None = None   # tokenizer.ggml.mask_token_id, else unknown_token_id
+
+    def default_mask_token_id(self) -> int:
+        """A token to use as the drafter's MASK: the GGUF's mask token, else its unknown token,
+        else the last id of the vocabulary."""
+        return self.mask_token_id if self.mask_token_id is not None else self.vocab_size - 1
 
 
 @dataclass
@@ -72,8 +84,28 @@ def read_target_info(reader) -> TargetInfo:
         vocab = len(tokens.data) if tokens is not None else None
     if n_layers is None or hidden is None or vocab is None:
         raise ValueError(f"GGUF lacks {arch}.block_count / embedding_length / vocab size")
+    n_head = _field(reader, f"{arch}.attention.head_count")
+    n_head = n_head[0] if isinstance(n_head, list) else n_head   # per-layer arrays: first layer
+    n_kv = _field(reader, f"{arch}.attention.head_count_kv")
+    n_kv = n_kv[0] if isinstance(n_kv, list) else n_kv
+    n_ff = _field(reader, f"{arch}.feed_forward_length")
+    n_ff = n_ff[0] if isinstance(n_ff, list) else n_ff
+    head_dim = _field(reader, f"{arch}.attention.key_length") or (
+        int(hidden) // int(n_head) if n_head else None)
+    mask = _field(reader, "tokenizer.ggml.mask_token_id")
+    if mask is None:
+        mask = _field(reader, "tokenizer.ggml.unknown_token_id")
+    eps = _field(reader, f"{arch}.attention.layer_norm_rms_epsilon")
+    theta = _field(reader, f"{arch}.rope.freq_base")
     return TargetInfo(arch=str(arch), n_layers=int(n_layers), hidden_size=int(hidden),
-                      vocab_size=int(vocab), context_length=_field(reader, f"{arch}.context_length"))
+                      vocab_size=int(vocab), context_length=_field(reader, f"{arch}.context_length"),
+                      n_head=None if n_head is None else int(n_head),
+                      n_head_kv=None if n_kv is None else int(n_kv),
+                      n_ff=None if n_ff is None else int(n_ff),
+                      head_dim=None if head_dim is None else int(head_dim),
+                      rope_theta=None if theta is None else float(f"{float(theta):.7g}"),
+                      rms_norm_eps=None if eps is None else float(f"{float(eps):.7g}"),
+                      mask_token_id=None if mask is None else int(mask))
 
 
 def dequantize_tensor(tensor) -> np.ndarray:

@@ -1,0 +1,184 @@
+"""``python -m dflash2_gguf.train``: capture target features, then fit a DFlash 2 drafter.
+
+Two steps, each resumable on its own::
+
+    # 1. target-generated data: greedy responses to GSM8K-train prompts + hidden states
+    python -m dflash2_gguf.train capture --target SmolLM2-135M-Instruct.Q4_1.gguf \\
+        --prompts gsm8k-train --limit 2000 --max-new-tokens 256 --out feats/
+
+    # 2. train (features must come from the same target layers: the layer ids are derived
+    #    from --layers exactly as in step 1, or given with --target-layer-ids)
+    python -m dflash2_gguf.train fit --target SmolLM2-135M-Instruct.Q4_1.gguf \\
+        --shards 'feats/*.safetensors' --out run1 --steps 20000 --device cuda --bf16
+
+    # 3. GGUF: python -m convert hf-to-gguf run1/hf --target SmolLM2-135M-Instruct.Q4_1.gguf
+
+``--prompts`` is an asset name of :mod:`dflash2_gguf.assets` (gsm8k-train, gsm8k-test, math500,
+humaneval, mt-bench), a ``.jsonl`` file (field question / problem / prompt / text /
+instruction / turns) or a text file with one prompt per line. GSM8K / MATH prompts get the
+authors' suffix "Please reason step by step, and put your final answer within \\boxed{}."
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import gzip
+import json
+import random
+import sys
+from pathlib import Path
+
+__all__ = ["main", "load_prompts"]
+
+_MATH_SUFFIX = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+def load_prompts(spec: str, limit: int | None = None, seed: int = 42) -> list[str]:
+    """Prompts from an asset name or a file (see the module docstring), shuffled with
+    ``random.Random(seed)`` (the authors' benchmark order) and cut to ``limit``."""
+    path = Path(spec)
+    math_like = False
+    if not path.exists():
+        from ..assets import ASSETS, fetch
+
+        if spec not in ASSETS:
+            raise SystemExit(f"--prompts: {spec!r} is neither a file nor an asset ({', '.join(sorted(ASSETS))})")
+        path = fetch(spec)
+        math_like = spec.startswith(("gsm8k", "math"))
+    opener = gzip.open if path.suffix == ".gz" else open
+    prompts: list[str] = []
+    with opener(path, "rt", encoding="utf-8") as f:
+        if ".jsonl" in path.name:
+            for line in f:
+                if not line.strip():
+                    continue
+                row = json.loads(line)
+                for key in ("question", "problem", "prompt", "text", "instruction"):
+                    if isinstance(row.get(key), str):
+                        text = row[key]
+                        break
+                else:
+                    turns = row.get("turns")
+                    if not turns:
+                        continue
+                    text = turns[0]
+                if math_like:
+                    text = f"{text}\n{_MATH_SUFFIX}"
+                prompts.append(text)
+        else:
+            prompts = [line.rstrip("\n") for line in f if line.strip()]
+    random.Random(seed).shuffle(prompts)
+    return prompts[:limit] if limit else prompts
+
+
+def _layer_ids(args, n_target_layers: int) -> list[int]:
+    from .model import build_target_layer_ids
+
+    if args.target_layer_ids:
+        return [int(x) for x in args.target_layer_ids.split(",")]
+    return build_target_layer_ids(n_target_layers, args.layers)
+
+
+def _target_info(path: str):
+    from gguf import GGUFReader
+
+    from .target_weights import read_target_info
+
+    return read_target_info(GGUFReader(path))
+
+
+def cmd_capture(args) -> int:
+    from .data import capture_target_features
+
+    info = _target_info(args.target)
+    ids = _layer_ids(args, info.n_layers)
+    prompts = load_prompts(args.prompts, args.limit, args.seed)
+    out = Path(args.out)
+    if out.exists() and any(out.glob("shard-*.safetensors")) and not args.force:
+        raise SystemExit(f"{out} already holds shards (use --force)")
+    paths = capture_target_features(args.target, prompts, out, ids, max_new_tokens=args.max_new_tokens,
+                                    seqs_per_shard=args.seqs_per_shard, n_ctx=args.n_ctx,
+                                    n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
+                                    source=f"prompts={args.prompts} limit={args.limit} greedy "
+                                           f"max_new_tokens={args.max_new_tokens}")
+    print(f"wrote {len(paths)} shard(s) to {out} (target layers {ids})")
+    return 0
+
+
+def cmd_fit(args) -> int:
+    from .loop import TrainConfig, train
+    from .model import DFlash2Config
+
+    info = _target_info(args.target)
+    shards = sorted(p for pat in args.shards for p in glob.glob(pat))
+    if not shards:
+        raise SystemExit(f"no shard matches {args.shards}")
+    cfg = DFlash2Config.for_target(info, num_hidden_layers=args.layers, block_size=args.block_size,
+                                   target_layer_ids=_layer_ids(args, info.n_layers),
+                                   mask_token_id=args.mask_token_id, selector_rank=args.selector_rank,
+                                   selector_top_k=args.selector_top_k)
+    tcfg = TrainConfig(shards=shards, out_dir=args.out, target_gguf=args.target, steps=args.steps,
+                       lr=args.lr, warmup_steps=args.warmup, batch_size=args.batch_size,
+                       max_len=args.max_len, anchors_per_seq=args.anchors, gamma=args.gamma,
+                       save_every=args.save_every, device=args.device,
+                       autocast_dtype="bfloat16" if args.bf16 else None, seed=args.seed)
+    _, state = train(cfg, tcfg)
+    last = state.history[-1] if state.history else {}
+    print(json.dumps({"step": state.step, "last": last, "hf": str(Path(args.out) / "hf")}))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dflash2_gguf.train", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def common(sp):
+        sp.add_argument("--target", required=True, help="target GGUF")
+        sp.add_argument("--layers", type=int, default=5, help="drafter layers (default 5)")
+        sp.add_argument("--target-layer-ids", default=None,
+                        help="comma-separated HF layer ids (default: the authors' rule for --layers)")
+        sp.add_argument("--seed", type=int, default=42)
+
+    c = sub.add_parser("capture", help="generate with the target and store its hidden states")
+    common(c)
+    c.add_argument("--prompts", default="gsm8k-train")
+    c.add_argument("--limit", type=int, default=None)
+    c.add_argument("--max-new-tokens", type=int, default=512)
+    c.add_argument("--seqs-per-shard", type=int, default=1000)
+    c.add_argument("--n-ctx", type=int, default=4096)
+    c.add_argument("--threads", type=int, default=None)
+    c.add_argument("--n-gpu-layers", type=int, default=0)
+    c.add_argument("--out", required=True)
+    c.add_argument("--force", action="store_true")
+    c.set_defaults(func=cmd_capture)
+
+    f = sub.add_parser("fit", help="train a DFlash 2 drafter on feature shards")
+    common(f)
+    f.add_argument("--shards", nargs="+", required=True, help="shard files or globs")
+    f.add_argument("--out", required=True, help="run folder (checkpoint.pt, hf/)")
+    f.add_argument("--block-size", type=int, default=16)
+    f.add_argument("--mask-token-id", type=int, default=None)
+    f.add_argument("--selector-rank", type=int, default=256)
+    f.add_argument("--selector-top-k", type=int, default=16)
+    f.add_argument("--steps", type=int, default=10000)
+    f.add_argument("--lr", type=float, default=6e-4)
+    f.add_argument("--warmup", type=int, default=200)
+    f.add_argument("--batch-size", type=int, default=8)
+    f.add_argument("--max-len", type=int, default=2048)
+    f.add_argument("--anchors", type=int, default=64, help="anchors (blocks) per sequence")
+    f.add_argument("--gamma", type=float, default=None)
+    f.add_argument("--save-every", type=int, default=500)
+    f.add_argument("--device", default="cpu")
+    f.add_argument("--bf16", action="store_true", help="bfloat16 autocast (GPUs)")
+    f.set_defaults(func=cmd_fit)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
