@@ -285,6 +285,17 @@ def test_disconnect_cancels_generation(live, reference):
     ran = m["dflash2_cancelled_generated_tokens_total"] - before["dflash2_cancelled_generated_tokens_total"]
     assert 1 <= ran < n_predict
     assert m["dflash2_generated_tokens_total"] == before["dflash2_generated_tokens_total"]
+    # a non-streaming client that gives up is cancelled too (the handler polls for the disconnect)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(live.url + "/completion", json={**body, "stream": False}, timeout=httpx.Timeout(120, read=3))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        m2 = _metrics(live.url)
+        if m2["dflash2_requests_cancelled_total"] > m["dflash2_requests_cancelled_total"]:
+            break
+        time.sleep(0.2)
+    assert m2["dflash2_requests_cancelled_total"] == m["dflash2_requests_cancelled_total"] + 1
+    assert m2["dflash2_cancelled_generated_tokens_total"] - m["dflash2_cancelled_generated_tokens_total"] < n_predict
     # the decoder is intact: a greedy request afterwards still equals the target alone
     r = httpx.post(live.url + "/v1/completions", json={"prompt": PROMPTS[3], "max_tokens": 16, "temperature": 0},
                    timeout=120)
@@ -371,6 +382,22 @@ def test_fake_decoder_roundtrip_and_queue(tmp_path):
         assert all(r.json()["choices"][0]["message"]["content"] == "ab" for r in rs)
         assert rs[0].json()["usage"] == {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
         assert _metrics(srv.url)["dflash2_requests_finished_total"] == 8
+
+
+def test_queue_full_gets_503_and_all_others_complete(tmp_path):
+    s = ServerSettings(model=str(tmp_path / "none.gguf"), max_queue=1)
+    with LiveServer(s, load=lambda: _FakeDecoder("ok", delay=0.5)) as srv:
+        with ThreadPoolExecutor(6) as ex:
+            rs = list(ex.map(lambda _: httpx.post(srv.url + "/v1/completions", json={"prompt": "x"}, timeout=60),
+                             range(6)))
+        codes = sorted(r.status_code for r in rs)
+        assert 200 in codes and 503 in codes and set(codes) <= {200, 503}
+        for r in rs:
+            if r.status_code == 503:
+                _err(r, 503, "server_busy")
+            else:
+                assert r.json()["choices"][0]["text"] == "ab"
+        assert httpx.get(srv.url + "/health", timeout=30).status_code == 200
 
 
 # ---------------------------------------------------------------------------- CLI flags

@@ -94,6 +94,7 @@ class Worker:
         self.load_error: Optional[BaseException] = None
         self.decoder: Any = None
         self.busy = False
+        self._current: Optional[Job] = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -106,8 +107,11 @@ class Worker:
         self._thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Cancel queued jobs, let the current chunk finish, close the decoder, join the thread."""
+        """Cancel queued jobs and the running one (at its next chunk), close the decoder, join."""
         self._stopping.set()
+        cur = self._current
+        if cur is not None:
+            cur.cancel()
         while True:
             try:
                 job = self._queue.get_nowait()
@@ -197,6 +201,7 @@ class Worker:
             return
         it = None
         n = 0
+        self._current = job
         self.busy = True
         self.metrics.set_busy(True)
         try:
@@ -223,5 +228,6 @@ class Worker:
         finally:
             if it is not None and hasattr(it, "close"):
                 it.close()  # releases the decoder's lock if the stream stopped early
+            self._current = None
             self.busy = False
             self.metrics.set_busy(False)
