@@ -330,6 +330,10 @@ def test_capture_target_features_from_real_gguf(tmp_path, smollm2_gguf, smollm2_
                                     [1, 14, 29], max_new_tokens=6, seqs_per_shard=1, n_ctx=256,
                                     n_batch=64, n_threads=2, progress=False)
     assert len(paths) == 2
+    more = capture_target_features(smollm2_gguf, ["What is 2+3?", "Name a colour.", "Say hi."],
+                                   tmp_path, [1, 14, 29], max_new_tokens=4, seqs_per_shard=1,
+                                   n_ctx=256, n_batch=64, n_threads=2, progress=False, resume=True)
+    assert more[:2] == paths and len(more) == 3  # only the third prompt was run
     data = FeatureShards(paths)
     assert data.meta.target_layer_ids == (1, 14, 29) and data.meta.hidden_size == 576
     assert data.meta.vocab_size == 49152
@@ -362,6 +366,9 @@ def test_config_for_target_and_cli_helpers(tmp_path, smollm2_reader):
     assert DFlash2Config.from_hf_dict(cfg.to_hf_dict()) == cfg
     with pytest.raises(ValueError):
         DFlash2Config.for_target(info, selector_top_k=24)  # 576 < 24 * 25
+    with pytest.raises(ValueError, match="float16"):
+        write_shard(tmp_path / "big.safetensors", [([1, 2], np.full((2, 2 * 576), 7e4), 1)],
+                    ShardMeta((1, 2), 576, 49152))
     (tmp_path / "p.jsonl").write_text('{"question": "a"}\n{"problem": "b"}\n{"turns": ["c", "d"]}\n')
     assert sorted(load_prompts(str(tmp_path / "p.jsonl"))) == ["a", "b", "c"]
     args = build_parser().parse_args(["fit", "--target", "t.gguf", "--shards", "x", "--out", "o"])

@@ -95,11 +95,15 @@ def cmd_capture(args) -> int:
     ids = _layer_ids(args, info.n_layers)
     prompts = load_prompts(args.prompts, args.limit, args.seed)
     out = Path(args.out)
-    if out.exists() and any(out.glob("shard-*.safetensors")) and not args.force:
-        raise SystemExit(f"{out} already holds shards (use --force)")
+    if out.exists() and any(out.glob("shard-*.safetensors")) and not (args.force or args.resume):
+        raise SystemExit(f"{out} already holds shards (use --resume to continue, --force to overwrite)")
+    if args.force and not args.resume:
+        for old in out.glob("shard-*.safetensors"):
+            old.unlink()
     paths = capture_target_features(args.target, prompts, out, ids, max_new_tokens=args.max_new_tokens,
                                     seqs_per_shard=args.seqs_per_shard, n_ctx=args.n_ctx,
                                     n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
+                                    resume=args.resume,
                                     source=f"prompts={args.prompts} limit={args.limit} greedy "
                                            f"max_new_tokens={args.max_new_tokens}")
     print(f"wrote {len(paths)} shard(s) to {out} (target layers {ids})")
@@ -150,7 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("--n-gpu-layers", type=int, default=0)
     c.add_argument("--out", required=True)
-    c.add_argument("--force", action="store_true")
+    c.add_argument("--force", action="store_true", help="delete existing shards first")
+    c.add_argument("--resume", action="store_true",
+                   help="keep existing shards and skip the prompts they cover (same --prompts/--seed)")
     c.set_defaults(func=cmd_capture)
 
     f = sub.add_parser("fit", help="train a DFlash 2 drafter on feature shards")

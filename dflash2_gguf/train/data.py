@@ -84,6 +84,10 @@ def write_shard(path: str | Path, sequences: Iterable[tuple[Sequence[int], np.nd
         f = np.asarray(f)
         if f.shape != (len(ids), width):
             raise ValueError(f"features shape {f.shape}, expected {(len(ids), width)}")
+        big = float(np.abs(f).max()) if f.size else 0.0
+        if not np.isfinite(big) or big > 65504.0:
+            raise ValueError(f"features reach {big:g}, beyond float16's range (65504): this target "
+                             "needs a bfloat16/float32 shard format")
         toks.append(ids)
         feats.append(f.astype(np.float16))
         offsets.append(offsets[-1] + len(ids))
@@ -180,7 +184,7 @@ def capture_target_features(target_gguf: str | Path, prompts: Sequence[str], out
                             target_layer_ids: Sequence[int], *, max_new_tokens: int = 512,
                             seqs_per_shard: int = 1000, n_ctx: int = 4096, n_batch: int = 512,
                             n_threads: int | None = None, n_gpu_layers: int = 0,
-                            progress: bool = True, source: str = "") -> list[Path]:
+                            progress: bool = True, source: str = "", resume: bool = False) -> list[Path]:
     """Fill feature shards from the target GGUF through llama-cpp-python.
 
     For each prompt (one user message, the target's chat template, assistant prefix): the
@@ -189,14 +193,25 @@ def capture_target_features(target_gguf: str | Path, prompts: Sequence[str], out
     with ``cb_eval`` on ``l_out-{k}`` (:mod:`dflash2_gguf.train.capture`; works for every
     architecture). Written as ``shard-00000.safetensors``, ... in ``out_dir``.
 
-    Only greedy responses for now; the faster staging-API capture of the native driver and
-    sampled responses are for later. Returns the shard paths.
+    With ``resume``, shards already in ``out_dir`` (same layer ids) are kept and the prompts
+    they cover (the first ones, in the given order) are skipped. Only greedy responses for now;
+    the faster staging-API capture of the native driver and sampled responses are for later.
+    Returns all shard paths (old and new).
     """
     from .capture import LlamaFeatureCapture, iter_captured
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths: list[Path] = []
+    paths: list[Path] = sorted(out.glob("shard-*.safetensors")) if resume else []
+    done = 0
+    for p in paths:
+        if read_shard_meta(p).target_layer_ids != tuple(int(k) for k in target_layer_ids):
+            raise ValueError(f"{p} holds other target layers; cannot resume into {out}")
+        from safetensors import safe_open
+
+        with safe_open(str(p), "pt") as f:
+            done += f.get_slice("prompt_lengths").get_shape()[0]
+    prompts = list(prompts)[done:]
     with LlamaFeatureCapture(target_gguf, target_layer_ids, n_ctx=n_ctx, n_batch=n_batch,
                              n_threads=n_threads, n_gpu_layers=n_gpu_layers) as cap:
         meta = ShardMeta(tuple(int(k) for k in target_layer_ids), cap.n_embd, cap.n_vocab,
