@@ -6,11 +6,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from gguf import GGUFReader, GGUFValueType
-
-from .errors import ConversionError
+from .errors import ConversionError  # noqa: F401 (documented in the docstring)
+from .gguf_meta import read_header
 from .names import ARCH, TARGET_LAYER_OFFSET, key
-from .target import check_pairing, load_target, read_kv
+from .target import check_pairing, load_target
 
 __all__ = ["inspect_gguf"]
 
@@ -39,13 +38,10 @@ def inspect_gguf(path, target=None) -> dict:
         ConversionError: unreadable file, or an unreadable target.
     """
     p = Path(path)
-    try:
-        reader = GGUFReader(p)
-    except Exception as e:  # noqa: BLE001
-        raise ConversionError(f"cannot read GGUF {p}: {e}") from None
-    kv = read_kv(reader)
+    header = read_header(p)
+    kv = header.kv
     arch = _plain(kv["general.architecture"].value) if "general.architecture" in kv else None
-    tensors = {t.name: t.tensor_type.name for t in reader.tensors}
+    tensors = {t.name: t.tensor_type.name for t in header.tensors}
     info: dict[str, Any] = {
         "path": str(p),
         "architecture": arch,
@@ -77,10 +73,9 @@ def inspect_gguf(path, target=None) -> dict:
             reasons.append(f"architecture is {arch!r}, not {ARCH!r}")
         else:
             n_vocab = None
-            for name in ("selector_predecessor.weight",):
-                if name in tensors:
-                    t = next(t for t in reader.tensors if t.name == name)
-                    n_vocab = int(t.shape[-1])
+            for t in header.tensors:
+                if t.name == "selector_predecessor.weight":
+                    n_vocab = int(t.shape[-1])  # ggml order: [rank, vocab]
             if n_vocab is None:
                 n_vocab = tgt.n_vocab  # v1 carries no vocab-sized tensor: nothing to compare
             reasons = check_pairing(

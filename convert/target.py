@@ -14,52 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from gguf import GGUFReader, GGUFValueType
-
 from .errors import ConversionError
+from .gguf_meta import KV, read_header
 from .names import TARGET_LAYER_OFFSET, key
 
 __all__ = ["Target", "KV", "load_target", "read_kv", "check_pairing"]
 
 
-@dataclass(frozen=True)
-class KV:
-    """One metadata value read from a GGUF, ready to write back with the same types."""
-
-    name: str
-    value: Any
-    vtype: GGUFValueType
-    sub_type: GGUFValueType | None = None
-
-
-def _field_value(f) -> KV:
-    """Decode a ``gguf.ReaderField`` keeping raw bytes for strings (exact round trip)."""
-    vtype = f.types[0]
-    if vtype == GGUFValueType.ARRAY:
-        sub = f.types[-1] if len(f.types) > 1 else GGUFValueType.UINT8
-        if sub == GGUFValueType.STRING:
-            val = [bytes(f.parts[i]) for i in f.data]
-        elif sub == GGUFValueType.ARRAY:
-            raise ConversionError(f"nested array key {f.name!r} is not supported")
-        else:
-            arr = np.concatenate([f.parts[i] for i in f.data]) if f.data else np.zeros(0)
-            val = [bool(x) for x in arr] if sub == GGUFValueType.BOOL else arr.tolist()
-        return KV(f.name, val, vtype, sub)
-    if vtype == GGUFValueType.STRING:
-        return KV(f.name, bytes(f.parts[f.data[0]]), vtype)
-    x = f.parts[f.data[0]][0]
-    if vtype == GGUFValueType.BOOL:
-        return KV(f.name, bool(x), vtype)
-    if vtype in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64):
-        return KV(f.name, float(x), vtype)
-    return KV(f.name, int(x), vtype)
-
-
-def read_kv(reader: GGUFReader) -> dict[str, KV]:
-    """Every metadata field of an open GGUF as :class:`KV`, in file order."""
-    return {name: _field_value(f) for name, f in reader.fields.items()
-            if not name.startswith("GGUF.")}
+def read_kv(path: str | Path) -> dict[str, KV]:
+    """Every metadata field of a GGUF file as :class:`KV` (exact types), in file order."""
+    return read_header(path).kv
 
 
 @dataclass
@@ -90,11 +54,7 @@ class Target:
 
 
 def _load_gguf_target(path: Path) -> Target:
-    try:
-        reader = GGUFReader(path)
-    except Exception as e:  # noqa: BLE001 - gguf raises ValueError/OSError/struct errors
-        raise ConversionError(f"cannot read target GGUF {path}: {e}") from None
-    kv = read_kv(reader)
+    kv = read_kv(path)
     arch_kv = kv.get("general.architecture")
     if arch_kv is None:
         raise ConversionError(f"target GGUF {path} has no general.architecture")
