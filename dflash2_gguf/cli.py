@@ -139,6 +139,18 @@ def _convert_run(args: argparse.Namespace) -> int:
     return int(rc or 0)
 
 
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    from .server.__main__ import add_arguments
+
+    add_arguments(p)
+
+
+def _serve_run(args: argparse.Namespace) -> int:
+    from .server.__main__ import run
+
+    return run(args)
+
+
 # ---------------------------------------------------------------------------- bench
 
 def _bench_args(p: argparse.ArgumentParser) -> None:
@@ -159,6 +171,7 @@ SUBCOMMANDS: dict = {
     "generate": ("generate text with a target GGUF and a dflash drafter GGUF", _generate_args, _generate_run),
     "convert": ("convert an HF DFlash/DFlash 2 checkpoint to GGUF (python -m convert)", _convert_args, _convert_run),
     "bench": ("acceptance length and speedup of a drafter on a prompt set", _bench_args, _bench_run),
+    "serve": ("OpenAI-compatible HTTP server (llama-server flags; needs the server extra)", _serve_args, _serve_run),
 }
 
 
