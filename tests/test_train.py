@@ -283,11 +283,16 @@ def test_loss_goes_down_on_synthetic_shard(tmp_path):
     cfg = _tiny()
     p = _synthetic_shard(tmp_path / "s.safetensors", cfg)
     emb = torch.randn(V, H, generator=torch.Generator().manual_seed(0)) * 0.3
+    ev = _synthetic_shard(tmp_path / "eval.safetensors", cfg, n_seq=4, seed=1)
     model, state = train(cfg, TrainConfig(shards=[str(p)], out_dir=str(tmp_path / "run"), steps=30,
                                           lr=3e-3, warmup_steps=3, batch_size=4, max_len=24,
                                           anchors_per_seq=4, log_every=10, save_every=100,
-                                          progress=False), target_weights=(emb, None))
-    losses = [h["loss"] for h in state.history]
+                                          progress=False, eval_shards=[str(ev)], eval_batches=1),
+                         target_weights=(emb, None))
+    taus = [h for h in state.history if "tau" in h]
+    assert len(taus) == 1 and 1.0 <= taus[0]["tau"] <= cfg.block_size
+    assert sum(taus[0]["tau_hist"]) == taus[0]["n_anchors"] > 0
+    losses = [h["loss"] for h in state.history if "loss" in h]
     assert state.step == 30 and len(losses) == 3
     assert losses[-1] < 0.7 * losses[0], losses
     assert (tmp_path / "run" / "hf" / "model.safetensors").exists()
@@ -373,3 +378,29 @@ def test_config_for_target_and_cli_helpers(tmp_path, smollm2_reader):
     assert sorted(load_prompts(str(tmp_path / "p.jsonl"))) == ["a", "b", "c"]
     args = build_parser().parse_args(["fit", "--target", "t.gguf", "--shards", "x", "--out", "o"])
     assert args.layers == 5 and args.block_size == 16
+
+
+def test_greedy_acceptance_equals_single_block_drafts():
+    """The batched tau estimate == drafting each anchor with the inference helper ``draft``."""
+    cfg = _tiny()
+    m = random_drafter(cfg)
+    g = torch.Generator().manual_seed(2)
+    L = 30
+    tok = torch.randint(0, V - 1, (2, L), generator=g)
+    feat = torch.randn(2, L, 2 * H, generator=g)
+    batch = O.Batch(tok, feat, torch.arange(L).expand(2, -1), torch.tensor([30, 20]), torch.tensor([2, 2]))
+    anc = torch.tensor([[3, 10, 26], [5, 9, 17]])
+    valid = torch.ones_like(anc, dtype=torch.bool)
+    # make some drafts right: plant the drafter's own greedy path as the continuation
+    for b, p in ((0, 10), (1, 5)):
+        path, _, _ = m.draft(feat[b:b + 1, :p], tok[b, p:p + 1], p)
+        tok[b, p + 1:p + 1 + 2] = path[0, :2]
+    taus = O.greedy_acceptance(m, batch, 3, anchors=(anc, valid))
+    want = []
+    for b in range(2):
+        for p in anc[b].tolist():
+            path, _, _ = m.draft(feat[b:b + 1, :p], tok[b, p:p + 1], p)
+            ok = (path[0] == tok[b, p + 1:p + cfg.block_size]).long().cumprod(0).sum()
+            want.append(int(ok) + 1)
+    assert taus.tolist() == want
+    assert want[1] >= 3 and want[3] >= 3

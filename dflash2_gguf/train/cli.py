@@ -126,10 +126,13 @@ def cmd_fit(args) -> int:
                        lr=args.lr, warmup_steps=args.warmup, batch_size=args.batch_size,
                        max_len=args.max_len, anchors_per_seq=args.anchors, gamma=args.gamma,
                        save_every=args.save_every, device=args.device,
-                       autocast_dtype="bfloat16" if args.bf16 else None, seed=args.seed)
+                       autocast_dtype="bfloat16" if args.bf16 else None, seed=args.seed,
+                       eval_shards=sorted(p for pat in args.eval_shards for p in glob.glob(pat)),
+                       eval_every=args.eval_every)
     _, state = train(cfg, tcfg)
-    last = state.history[-1] if state.history else {}
-    print(json.dumps({"step": state.step, "last": last, "hf": str(Path(args.out) / "hf")}))
+    last = next((h for h in reversed(state.history) if "loss" in h), {})
+    tau = next((h for h in reversed(state.history) if "tau" in h), None)
+    print(json.dumps({"step": state.step, "last": last, "eval": tau, "hf": str(Path(args.out) / "hf")}))
     return 0
 
 
@@ -175,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--anchors", type=int, default=64, help="anchors (blocks) per sequence")
     f.add_argument("--gamma", type=float, default=None)
     f.add_argument("--save-every", type=int, default=500)
+    f.add_argument("--eval-shards", nargs="*", default=[],
+                   help="held-out shards: greedy acceptance length (tau) is logged")
+    f.add_argument("--eval-every", type=int, default=0, help="0: evaluate at the end only")
     f.add_argument("--device", default="cpu")
     f.add_argument("--bf16", action="store_true", help="bfloat16 autocast (GPUs)")
     f.set_defaults(func=cmd_fit)

@@ -26,9 +26,9 @@ import torch
 from .data import FeatureShards
 from .export import export_hf
 from .model import DFlash2Config, DFlash2Drafter
-from .objective import dflash2_loss
+from .objective import dflash2_loss, greedy_acceptance
 
-__all__ = ["TrainConfig", "TrainState", "train", "lr_lambda"]
+__all__ = ["TrainConfig", "TrainState", "train", "lr_lambda", "evaluate_tau"]
 
 
 @dataclass
@@ -59,6 +59,9 @@ class TrainConfig:
     export_dtype: str = "bfloat16"
     progress: bool = True
     stop_at: int | None = None          # stop early at this step (checkpoint saved, no export)
+    eval_shards: Sequence[str] = ()     # held-out shards: greedy acceptance length (tau)
+    eval_every: int = 0                 # 0: only at the end (when eval_shards are given)
+    eval_batches: int = 4
     extra: dict = field(default_factory=dict)
 
 
@@ -89,6 +92,26 @@ def _save(path: Path, model, opt, sched, step: int, gen: torch.Generator, histor
                 "torch_rng": torch.get_rng_state(), "history": history,
                 "model_config": asdict(mcfg), "train_config": asdict(tcfg)}, tmp)
     os.replace(tmp, path)
+
+
+def evaluate_tau(model: DFlash2Drafter, data: FeatureShards, cfg: TrainConfig) -> dict:
+    """Mean greedy acceptance length (bonus included) and its histogram over ``eval_batches``
+    batches of held-out data, with a fixed seed (comparable across steps)."""
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    was_training = model.training
+    model.eval()
+    taus = []
+    device = next(model.parameters()).device
+    amp = getattr(torch, cfg.autocast_dtype) if cfg.autocast_dtype else None
+    for _ in range(cfg.eval_batches):
+        batch = data.sample_batch(cfg.batch_size, cfg.max_len, gen).to(device)
+        with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+            taus.append(greedy_acceptance(model, batch, cfg.anchors_per_seq, gen).cpu())
+    model.train(was_training)
+    t = torch.cat(taus)
+    bs = model.config.block_size
+    return {"tau": float(t.float().mean()) if len(t) else float("nan"),
+            "tau_hist": torch.bincount(t, minlength=bs + 1)[1:].tolist(), "n_anchors": len(t)}
 
 
 def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
@@ -146,6 +169,7 @@ def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
         from tqdm.auto import tqdm
 
         bar = tqdm(total=cfg.steps, initial=step, desc="dflash2 train", dynamic_ncols=True)
+    eval_data = FeatureShards(cfg.eval_shards) if cfg.eval_shards else None
     model.train()
     end = cfg.steps if cfg.stop_at is None else min(cfg.steps, cfg.stop_at)
     while step < end:
@@ -175,6 +199,11 @@ def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
                             "selector_acc": (win["sel"] / win["count"].clamp_min(1)).tolist(),
                             "lr": sched.get_last_lr()[0]})
             win = {k: (0.0 if k == "loss" else 0 if k == "n" else torch.zeros(bs - 1)) for k in win}
+        if eval_data is not None and ((cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps):
+            ev = evaluate_tau(model, eval_data, cfg)
+            history.append({"step": step, **ev})
+            if bar is not None:
+                bar.write(f"step {step}: greedy tau {ev['tau']:.3f} over {ev['n_anchors']} anchors")
         if step % cfg.save_every == 0 or step == end:
             _save(ckpt, model, opt, sched, step, gen, history, model_cfg, cfg)
     if bar is not None:

@@ -37,6 +37,8 @@ Losses (DFlash / DFlash 2 papers; ``gamma`` per :func:`default_gamma`):
 
 Accuracy: per block position ``k``, top-1 of the logits equals ``x_{p+k}`` (``correct``/``count``)
 and the teacher-forced selector's argmax equals it (``selector_correct``).
+:func:`greedy_acceptance` measures the acceptance length tau that greedy speculative decoding
+would get at random anchors (exact when the responses are the target's greedy output).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from torch.nn import functional as F
 from .model import DFlash2Drafter
 
 __all__ = ["Batch", "LossOutput", "default_gamma", "sample_anchors", "block_inputs",
-           "block_attention_mask", "dflash2_loss"]
+           "block_attention_mask", "dflash2_loss", "greedy_acceptance"]
 
 
 def default_gamma(block_size: int) -> float:
@@ -213,3 +215,37 @@ def dflash2_loss(model: DFlash2Drafter, batch: Batch, n_anchors: int, *, gamma: 
         raise FloatingPointError("non-finite DFlash 2 loss")
     return LossOutput(loss=loss, ce=ce.detach(), selector=selector.detach(), correct=correct,
                       selector_correct=sel_correct, count=count)
+
+
+@torch.no_grad()
+def greedy_acceptance(model: DFlash2Drafter, batch: Batch, n_anchors: int,
+                      generator: torch.Generator | None = None,
+                      anchors: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Acceptance length (tau, bonus included) of greedy drafting at random anchors.
+
+    For sequences whose responses are the target's GREEDY output (what
+    :func:`~dflash2_gguf.train.data.capture_target_features` stores), this is exactly what
+    speculative decoding at T=0 would commit per target pass from that anchor: the selector's
+    greedy walk (first predecessor = the anchor) is compared with the true next tokens, and
+    ``tau = 1 + number of leading matches``. Only anchors with a full block of labels are drawn.
+
+    Returns int64 [n] of tau values, one per valid anchor (row-major over [B, A]).
+    """
+    cfg = model.config
+    bs = cfg.block_size
+    if anchors is None:
+        eff = (batch.lengths - bs + 2).cpu()
+        anchors = sample_anchors(eff, batch.anchor_min.cpu(), n_anchors, generator)
+    anc, valid = anchors
+    anc, valid = anc.to(batch.tokens.device), valid.to(batch.tokens.device)
+    b, a = anc.shape
+    ids, bpos, labels, _ = block_inputs(batch.tokens, batch.positions, batch.lengths, anc, valid,
+                                        bs, cfg.mask_token_id)
+    mask = block_attention_mask(anc, batch.tokens.shape[1], bs)
+    hidden = model(model.embed(ids), batch.features, torch.cat([batch.positions, bpos], 1),
+                   attention_mask=mask, block_len=bs)
+    hidden = hidden.view(b * a, bs, -1)[:, 1:]
+    logits = model.compute_logits(hidden).float()
+    path, _, _ = model.candidate_selector.select(hidden, logits, ids.view(b * a, bs)[:, 0], 0.0)
+    match = (path == labels.view(b * a, bs)[:, 1:]).long().cumprod(-1).sum(-1) + 1
+    return match[valid.view(-1)]
