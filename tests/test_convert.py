@@ -447,7 +447,7 @@ def test_q8_0_falls_back_to_f16_on_odd_rows(tmp_path, tiny_target, caplog):
     assert "falling back to F16" in caplog.text
 
 
-@pytest.mark.parametrize("outtype,ftype", [("q4_k_m", 15), ("q6_k", 18)])
+@pytest.mark.parametrize("outtype,ftype", [("q4_k_m", 15), pytest.param("q6_k", 18, marks=pytest.mark.slow)])
 def test_k_quants(tmp_path, tiny_target, llama, outtype, ftype):
     ck = _tiny_ckpt(tmp_path / "ck", selector_rank=256, intermediate_size=768)
     out = convert_hf_to_gguf(ck, tiny_target, outfile=tmp_path / "k.gguf", outtype=outtype)
