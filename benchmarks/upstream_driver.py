@@ -89,6 +89,30 @@ def build_upstream_tools(*, jobs: int = 2, quiet: bool = False, timeout: Optiona
     if shutil.which("cmake") is None:
         raise UpstreamUnavailable("cmake is not installed: cannot build upstream's tools")
     work = cache_dir() / f"upstream-{UPSTREAM_COMMIT}-build"
+    work.mkdir(parents=True, exist_ok=True)
+    import fcntl
+
+    with open(cache_dir() / f".upstream-{UPSTREAM_COMMIT}-build.lock", "w") as lock:
+        if _locked(lock) and not quiet:
+            print("[upstream] another process is building upstream's tools: waiting", file=sys.stderr)
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time; a waiter finds the binaries
+        if _have_tools(out):
+            return out
+        return _build(out, work, jobs=jobs, quiet=quiet, timeout=timeout)
+
+
+def _locked(lock) -> bool:
+    import fcntl
+
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    fcntl.flock(lock, fcntl.LOCK_UN)
+    return False
+
+
+def _build(out: Path, work: Path, *, jobs: int, quiet: bool, timeout: Optional[float]) -> Path:
     src = work / "llama.cpp"
     build = work / "build"
     log = work / "build.log"
@@ -201,7 +225,7 @@ def parse_completion(log: str) -> UpstreamRun:
 def _common_flags(target, prompt_file: Path, n_predict: int, temp: float, seed: int,
                   threads: Optional[int], n_ctx: int) -> list:
     flags = ["-m", str(target), "-f", str(prompt_file), "-n", str(n_predict), "--temp", str(temp),
-             "--seed", str(seed), "-c", str(n_ctx), "--no-escape", "--no-warmup"]
+             "--seed", str(seed), "-c", str(n_ctx), "--no-escape"]
     if threads:
         flags += ["-t", str(threads)]
     return flags
@@ -230,7 +254,7 @@ def run_speculative_simple(bins: Path, target, drafter, prompt: str, *, workdir:
     """
     workdir.mkdir(parents=True, exist_ok=True)
     pf = workdir / "prompt.txt"
-    pf.write_text(prompt)
+    pf.write_text(prompt + "\n")  # -f drops one trailing newline
     cmd = [str(Path(bins) / "llama-speculative-simple"), *_common_flags(target, pf, n_predict, temp, seed, threads, n_ctx),
            "-md", str(drafter), "--spec-draft-n-max", str(n_draft_max)]
     if threads:
@@ -247,7 +271,7 @@ def run_completion(bins: Path, target, prompt: str, *, workdir: Path, n_predict:
     """Run upstream's ``llama-completion`` (plain decoding, same flags, no conversation mode)."""
     workdir.mkdir(parents=True, exist_ok=True)
     pf = workdir / "prompt.txt"
-    pf.write_text(prompt)
+    pf.write_text(prompt + "\n")  # -f drops one trailing newline
     cmd = [str(Path(bins) / "llama-completion"), *_common_flags(target, pf, n_predict, temp, seed, threads, n_ctx),
            "-no-cnv", "--no-display-prompt", "--perf"]
     out, err, wall = _run(cmd, timeout)

@@ -212,7 +212,9 @@ def _run_dict(res, with_spec: bool) -> dict:
     d = dict(n_generated=st.n_generated, t_total_s=st.t_total_s, t_prefill_s=st.t_prefill_s,
              tokens_per_second=st.tokens_per_second, decode_tokens_per_second=st.decode_tokens_per_second,
              stop_reason=st.stop_reason, n_cycles=st.n_cycles)
-    if with_spec:
+    if not with_spec:
+        d["text"] = res.text
+    else:
         d.update(n_drafted=st.n_drafted, n_accepted=st.n_accepted, acceptance_length=st.acceptance_length,
                  pos_reached=list(st.pos_reached), pos_accepted=list(st.pos_accepted),
                  committed=committed_per_pass(res.from_draft), t_target_s=st.t_target_s,
@@ -319,11 +321,12 @@ def markdown_table(report: dict) -> str:
     up = report.get("side_by_side")
     if up:
         lines += ["", "Side by side (same target, drafter and rendered prompts; ratio = ours / theirs):", "",
-                  "| decoder | tokens | tokens/s | tau | ours / theirs |", "|---|---|---|---|---|"]
+                  "| decoder | tokens | tokens/s | tau | ours / theirs | T=0 text agrees with ours |",
+                  "|---|---|---|---|---|---|"]
         for row in up["rows"]:
             lines.append(f"| {row['name']} | {row['tokens']} | {_fmt(row['tokens_per_second'])} | "
                          f"{_fmt(row.get('acceptance_length'), 3)} | {_fmt(row.get('ours_over_theirs'))} "
-                         f"({row.get('compared_to', '')}) |")
+                         f"({row.get('compared_to', '')}) | {row.get('text_agrees') or '-'} |")
         for note in up.get("notes", []):
             lines.append(f"\n{note}")
     ppa = s["per_position_acceptance"]
@@ -493,6 +496,13 @@ def run_bench(
     return report
 
 
+def _agrees(ours: str, theirs: str) -> bool:
+    """Loose T=0 text check: our output (its first 200 characters, stripped) appears in theirs
+    (upstream's tools print the prompt too, and may stop a few tokens later or earlier)."""
+    o, t = ours.strip()[:200], theirs.strip()
+    return o in t or (bool(t) and t.split("[end of text]")[0].strip() in o and len(t) > 0.5 * len(o))
+
+
 def _side_by_side(report: dict, rendered: list, target: str, drafter: str, *, upstream: bool,
                   prompt_lookup: bool, out: Optional[str]) -> dict:
     """Run upstream's decoders on the same rendered prompts; rows with tokens/s and ratios."""
@@ -524,15 +534,20 @@ def _side_by_side(report: dict, rendered: list, target: str, drafter: str, *, up
             nb = sum(r.n_generated for r in base_runs)
             tb = sum(r.decode_s for r in base_runs)
             up_spec_tps, up_base_tps = _ratio(ns, ts), _ratio(nb, tb)
+            ours_txt = [r["base"]["text"] for r in report["requests"]]
+            agree_s = sum(_agrees(o, r.text) for o, r in zip(ours_txt, spec_runs))
+            agree_b = sum(_agrees(o, r.text) for o, r in zip(ours_txt, base_runs))
             rows.append(dict(name="llama-speculative-simple (upstream, DFlash)", tokens=ns,
                              tokens_per_second=up_spec_tps,
                              acceptance_length=(sum(taus) / len(taus)) if taus else None,
                              acceptance_length_pooled=_ratio(ns, ns - na),
                              ours_over_theirs=_ratio(s["spec_decode_tokens_per_second"], up_spec_tps),
-                             compared_to="our decode tokens/s with drafter"))
+                             compared_to="our decode tokens/s with drafter",
+                             text_agrees=f"{agree_s}/{len(spec_runs)}" if temp == 0 else None))
             rows.append(dict(name="llama-completion (upstream, plain)", tokens=nb, tokens_per_second=up_base_tps,
                              ours_over_theirs=_ratio(s["base_decode_tokens_per_second"], up_base_tps),
-                             compared_to="our decode tokens/s, target alone"))
+                             compared_to="our decode tokens/s, target alone",
+                             text_agrees=f"{agree_b}/{len(base_runs)}" if temp == 0 else None))
             rows.append(dict(name="upstream speedup (speculative-simple / completion)", tokens=ns,
                              tokens_per_second=_ratio(up_spec_tps, up_base_tps),
                              ours_over_theirs=_ratio(s["decode_speedup"], _ratio(up_spec_tps, up_base_tps)),
@@ -557,12 +572,17 @@ def _side_by_side(report: dict, rendered: list, target: str, drafter: str, *, up
             tb = sum(a.decode_s for a, _ in pl)
             nl = sum(b.n_generated for _, b in pl)
             tl = sum(b.decode_s for _, b in pl)
+            ours_txt = [r["base"]["text"] for r in report["requests"]]
+            agree_p = sum(_agrees(o, a.text) for o, (a, _) in zip(ours_txt, pl))
+            agree_l = sum(_agrees(o, b.text) for o, (_, b) in zip(ours_txt, pl))
             rows.append(dict(name="llama-cpp-python Llama (plain)", tokens=nb, tokens_per_second=_ratio(nb, tb),
                              ours_over_theirs=_ratio(s["base_tokens_per_second"], _ratio(nb, tb)),
-                             compared_to="our tokens/s, target alone"))
+                             compared_to="our tokens/s, target alone",
+                             text_agrees=f"{agree_p}/{len(pl)}" if temp == 0 else None))
             rows.append(dict(name="llama-cpp-python prompt lookup", tokens=nl, tokens_per_second=_ratio(nl, tl),
                              ours_over_theirs=_ratio(s["spec_tokens_per_second"], _ratio(nl, tl)),
-                             compared_to="our tokens/s with drafter"))
+                             compared_to="our tokens/s with drafter",
+                             text_agrees=f"{agree_l}/{len(pl)}" if temp == 0 else None))
             for i, (a, b) in enumerate(pl):
                 if i < len(per_req):
                     per_req[i].update(llama_cpp_python=a.to_dict(), prompt_lookup=b.to_dict())
