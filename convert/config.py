@@ -91,6 +91,7 @@ class DraftConfig:
     sliding_window: int | None = None
     sliding_window_pattern: tuple[bool, ...] | None = None
     num_target_layers: int | None = None
+    rope_is_neox_style: bool = True
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -241,6 +242,7 @@ def parse_config(path_or_dict: str | Path | Mapping[str, Any]) -> DraftConfig:
         sliding_window=sw,
         sliding_window_pattern=pattern,
         num_target_layers=None if ntl is None else _int(ntl, "num_target_layers"),
+        rope_is_neox_style=bool(cfg.get("rope_is_neox_style", True)),
         raw=cfg,
     )
 

@@ -91,6 +91,21 @@ def plan_tensor_type(gguf_name: str, kind: str, shape: tuple[int, ...], matrix_t
     return matrix_type
 
 
+_ROPE_PERMUTE_SUFFIXES = ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                          "self_attn.q_norm.weight", "self_attn.k_norm.weight")
+
+
+def to_neox_layout(data: np.ndarray, head_dim: int) -> np.ndarray:
+    """Interleaved-RoPE rows -> NeoX layout (per head: even dims first, then odd dims).
+
+    For checkpoints with ``rope_is_neox_style: false``; applied to q/k projections (rows) and
+    q/k norms, as upstream's ``DFlashModel.modify_tensors`` does.
+    """
+    shape = data.shape
+    return np.ascontiguousarray(
+        np.swapaxes(data.reshape(-1, head_dim // 2, 2, *shape[1:]), 1, 2)).reshape(shape)
+
+
 def _nbytes(shape: tuple[int, ...], qtype: QT) -> int:
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     return int(np.prod(shape[:-1], dtype=np.int64)) * (shape[-1] // block) * size
@@ -268,6 +283,8 @@ def _write_gguf(path: Path, cfg: DraftConfig, plan: list[_Planned], file_type: F
                   disable=not logger.isEnabledFor(logging.INFO)) as bar:
             for p in plan:
                 data = read_tensor(p.entry)
+                if not cfg.rope_is_neox_style and p.entry.name.endswith(_ROPE_PERMUTE_SUFFIXES):
+                    data = to_neox_layout(data, cfg.head_dim)
                 q = gguf.quants.quantize(data, p.qtype)
                 del data
                 logger.info("%-36s %s -> %s, shape = {%s}", p.gguf_name, p.entry.dtype, p.qtype.name,
@@ -332,6 +349,10 @@ def convert_hf_to_gguf(src, target, outfile=None, outtype: str = "f16", force: b
 
     folder, hub_id = _resolve_source(src)
     cfg = parse_config(folder)
+    if (folder / "mask_embedding.pt").is_file():
+        raise ConversionError(
+            "mask_embedding.pt found: drafters that patch the target's token embeddings (MiMo) "
+            "need the target's HF weights and are not supported; use upstream's converter")
     tgt = load_target(target)
     reasons = check_pairing(hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
                             target_layer_ids=cfg.target_layer_ids, mask_token_id=cfg.mask_token_id,
@@ -366,8 +387,6 @@ def convert_hf_to_gguf(src, target, outfile=None, outtype: str = "f16", force: b
             os.replace(tmp2, out)
         else:
             os.replace(tmp, out)
-    except BaseException:
-        raise
     finally:
         for t in tmp_paths:
             try:

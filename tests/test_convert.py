@@ -406,7 +406,16 @@ def test_v2_five_layers_smollm2(tmp_path, smollm2_gguf, llama):
 def test_v1_five_layers_sharded_f32(tmp_path, smollm2_gguf, llama):
     ck = make_dflash_checkpoint(tmp_path / "drafter-v1", version=1, num_layers=5, shards=3, dtype="float16")
     assert (ck / "model.safetensors.index.json").is_file()
-    out = convert_hf_to_gguf(str(ck), str(smollm2_gguf), outfile=str(tmp_path / "d1.gguf"), outtype="f32")
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        out = convert_hf_to_gguf(str(ck), str(smollm2_gguf), outfile=str(tmp_path / "d1.gguf"), outtype="f32")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # streaming: the F32 model is ~68 MB, its largest tensor 3.5 MB; the copied tokenizer ~8 MB
+    assert out.stat().st_size > 60e6 and peak < 24e6, peak
     reader = GGUFReader(out)
     got = _check_tensors(out, ck, QT.F32, reader=reader)
     assert len(got) == 58
@@ -651,3 +660,23 @@ def test_matches_upstream_converter(tmp_path, smollm2_gguf, version, outtype):
     for ta, tb in zip(ra.tensors, rb.tensors):
         assert ta.tensor_type == tb.tensor_type and list(ta.shape) == list(tb.shape), ta.name
         assert np.asarray(ta.data).tobytes() == np.asarray(tb.data).tobytes(), ta.name
+
+
+def test_interleaved_rope_checkpoint_is_permuted_to_neox(tmp_path, tiny_target):
+    ck = _tiny_ckpt(tmp_path / "ck", version=1, dtype="float32", config_overrides={"rope_is_neox_style": False})
+    out = convert_hf_to_gguf(ck, tiny_target, outfile=tmp_path / "o.gguf", outtype="f32")
+    src = _source_tensors(ck)
+    got = {t.name: np.asarray(t.data) for t in GGUFReader(out).tensors}
+    perm = np.concatenate([h * 64 + np.r_[0:64:2, 1:64:2] for h in range(8)])
+    np.testing.assert_array_equal(got["blk.0.attn_q.weight"], src["layers.0.self_attn.q_proj.weight"][perm])
+    np.testing.assert_array_equal(got["blk.0.attn_k.weight"], src["layers.0.self_attn.k_proj.weight"][perm[:256]])
+    np.testing.assert_array_equal(got["blk.0.attn_k_norm.weight"], src["layers.0.self_attn.k_norm.weight"][perm[:64]])
+    np.testing.assert_array_equal(got["blk.0.attn_v.weight"], src["layers.0.self_attn.v_proj.weight"])
+
+
+def test_mask_embedding_checkpoints_are_refused(tmp_path, tiny_target):
+    ck = _tiny_ckpt(tmp_path / "ck", version=1)
+    (ck / "mask_embedding.pt").write_bytes(b"")
+    with pytest.raises(ConversionError, match="mask_embedding.pt"):
+        convert_hf_to_gguf(ck, tiny_target, outfile=tmp_path / "o.gguf")
+    assert not (tmp_path / "o.gguf").exists()
