@@ -38,12 +38,11 @@ from pathlib import Path
 import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as QT
-from gguf import GGUFValueType as VT
 from gguf import LlamaFileType as FT
 
 from .config import DraftConfig, expected_shapes, parse_config
 from .errors import ConversionError
-from .names import ARCH, KEYS, TARGET_LAYER_OFFSET, TensorRule, key, map_tensor_name
+from .names import ARCH, KEYS, TARGET_LAYER_OFFSET, TensorRule, map_tensor_name
 from .safetensors_io import TensorEntry, index_checkpoint, read_tensor
 from .target import KV, Target, check_pairing, load_target
 

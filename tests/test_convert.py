@@ -680,3 +680,23 @@ def test_mask_embedding_checkpoints_are_refused(tmp_path, tiny_target):
     with pytest.raises(ConversionError, match="mask_embedding.pt"):
         convert_hf_to_gguf(ck, tiny_target, outfile=tmp_path / "o.gguf")
     assert not (tmp_path / "o.gguf").exists()
+
+
+def test_hub_id_goes_through_snapshot_download(tmp_path, tiny_target, monkeypatch):
+    import huggingface_hub
+
+    ck = _tiny_ckpt(tmp_path / "snap" / "0123abcd", version=1)
+    calls = []
+
+    def fake_snapshot_download(repo_id, **kw):
+        calls.append((repo_id, kw))
+        return str(ck)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    out = convert_hf_to_gguf("some-org/Some-Drafter", tiny_target, outtype="bf16")
+    assert calls and calls[0][0] == "some-org/Some-Drafter"
+    assert out == work / "Some-Drafter-BF16.gguf" and out.is_file()
+    assert _fast_fields(out)["general.name"][2] == "some-org/Some-Drafter"
