@@ -248,3 +248,22 @@ def test_capture_path_decided_by_architecture(native_ext, tiny_dir, tiny_qwen2):
         _decoder(tiny_qwen2, d, capture="layer_inp")
     with _decoder(tiny_qwen2, d) as dec:
         assert dec.capture_path == "cb_eval"
+
+
+def test_from_llama_target(native_ext, tiny_llama, tiny_drafters):
+    """A decoder built from an existing llama_cpp.Llama target gives that Llama's greedy output."""
+    import llama_cpp
+
+    from dflash2_gguf import DFlashDecoder
+
+    llm = llama_cpp.Llama(str(tiny_llama), n_ctx=256, n_threads=1, verbose=False)
+    with DFlashDecoder.from_llama(llm, tiny_drafters[2]) as dec:
+        assert dec.engine.n_ctx == 256
+        ids = _prompts(1)[0]
+        r = dec.generate(ids, max_tokens=12, sampling=greedy(), ignore_eos=True)
+        ref = []
+        for tok in llm.generate(ids, temp=0.0, reset=True):
+            ref.append(int(tok))
+            if len(ref) == 12:
+                break
+        assert r.tokens == ref
