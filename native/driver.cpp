@@ -563,7 +563,9 @@ Chunk Engine::begin(const std::vector<int32_t> & prompt, const GenParams & gp) {
     for (int off = 0; off < n; off += n_batch_tgt_) {
         const int m = std::min(n_batch_tgt_, n - off);
         decode_target(prompt.data() + off, m, off, false, feats);
-        if (feats) inject(0, m, off);
+        // a drafter context shorter than the target's keeps what fits (drafting stops later)
+        const int fit = std::min(m, n_ctx_dft_ - off);
+        if (feats && fit > 0) inject(0, fit, off);
     }
     n_past_ = n;
     Chunk c;
@@ -745,9 +747,10 @@ Chunk Engine::step() {
     // roll back: the target keeps anchor + accepted drafts; the bonus is the next anchor
     n_past_ = P + a + 1;
     llama_memory_seq_rm(llama_get_memory(ctx_tgt_), 0, n_past_, -1);
-    if (drafting && !done_) {
+    const int fit = std::min(a + 1, n_ctx_dft_ - P);
+    if (drafting && !done_ && fit > 0) {
         t0 = now_ms();
-        inject(0, a + 1, P);
+        inject(0, fit, P);
         stats_.t_inject_ms += now_ms() - t0;
     }
     c.done = done_;

@@ -267,3 +267,14 @@ def test_from_llama_target(native_ext, tiny_llama, tiny_drafters):
             if len(ref) == 12:
                 break
         assert r.tokens == ref
+
+
+def test_short_drafter_context(native_ext, tiny_peaked):
+    """A drafter context shorter than the target's: drafting stops when the block no longer fits,
+    generation continues with the target alone, output unchanged."""
+    target, drafters = tiny_peaked
+    ids = [1] + list(range(4, 44))
+    with _decoder(target, drafters[2], n_ctx=256, n_ctx_draft=48) as dec, _decoder(target, n_ctx=256) as alone:
+        r = dec.generate(ids, max_tokens=30, sampling=greedy(), ignore_eos=True)
+        assert r.tokens == alone.generate(ids, max_tokens=30, sampling=greedy(), ignore_eos=True).tokens
+        assert 0 < r.stats.n_drafted < r.stats.n_cycles * (dec.block_size - 1)
