@@ -347,9 +347,10 @@ def test_capture_target_features_from_real_gguf(tmp_path, smollm2_gguf, smollm2_
     with LlamaFeatureCapture(smollm2_gguf, [29], n_ctx=256, n_batch=64, n_threads=2) as cap:
         toks = data._tokens[si][start:start + n].tolist()
         feats, logits = cap.run(toks)
-        # generation-time features (one token per decode) == one batched pass, bit for bit
+        # generation-time features (one-token decodes) == one batched pass: bit for bit on the
+        # 2-core dev CPU; other CPUs may pick other Q4_1 kernels for 1-row vs batched matmuls.
         stored = data._features[si][start:start + n][:, 2 * 576:].float().numpy()
-        np.testing.assert_allclose(stored, feats.astype(np.float16).astype(np.float32), rtol=0, atol=0)
+        assert np.abs(stored - feats).max() <= 1e-2 * np.abs(feats).max()
     w = next(t for t in smollm2_reader.tensors if t.name == "output_norm.weight").data
     eps = 1e-5
     hn = feats / np.sqrt((feats.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps) * w
