@@ -285,14 +285,17 @@ class PromptLookupRunner:
 
     Two ``Llama`` objects on the same target, built once and reused for every prompt.
     ``num_pred_tokens`` = drafts per pass (llama-cpp-python's default is 10; we pass n_max).
+    ``flash_attn`` should match the decoder compared against (llama.cpp's auto = on).
     """
 
     def __init__(self, target, *, n_ctx: int = 4096, threads: Optional[int] = None, num_pred_tokens: int = 7,
-                 seed: int = 42) -> None:
+                 seed: int = 42, flash_attn: bool = True) -> None:
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-        kw = dict(n_ctx=n_ctx, seed=seed, verbose=False, logits_all=False)
+        # flash_attn: llama-cpp-python defaults to off, llama.cpp's "auto" (our decoder's and the
+        # upstream tools' default) turns it on; at T=0 the two pick different tokens on near-ties.
+        kw = dict(n_ctx=n_ctx, seed=seed, verbose=False, logits_all=False, flash_attn=bool(flash_attn))
         if threads:
             kw.update(n_threads=threads, n_threads_batch=threads)
         self.plain = Llama(str(target), **kw)

@@ -477,7 +477,8 @@ def run_bench(
                       max_new_tokens=max_new_tokens, temperature=float(temperature), seed=seed,
                       n_draft_max=nmax, block_size=block, drafter_version=dec.drafter_version,
                       threads=n_threads, n_ctx=n_ctx, capture_path=dec.capture_path,
-                      prompt_pick="random.Random(42).shuffle", warmup=warmup)
+                      prompt_pick="random.Random(42).shuffle", warmup=warmup,
+                      flash_attn=kw.get("flash_attn"))
     if not requests:
         raise ValueError("no prompt fits the context: raise -c or lower --max-new-tokens")
     summary = summarize(requests, block)
@@ -558,8 +559,9 @@ def _side_by_side(report: dict, rendered: list, target: str, drafter: str, *, up
             notes.append(f"upstream side-by-side failed: {type(e).__name__}: {str(e)[:500]}")
     if prompt_lookup:
         try:
+            fa = c.get("flash_attn")
             runner = ud.PromptLookupRunner(target, n_ctx=ctx, threads=thr, num_pred_tokens=c["n_draft_max"] or 7,
-                                           seed=seed)
+                                           seed=seed, flash_attn=True if fa is None else bool(fa))
             try:
                 if rendered:  # warmup
                     runner.run(rendered[0], lookup=False, n_predict=min(16, n), temp=temp, seed=seed)
