@@ -64,6 +64,13 @@ CASES: dict[str, dict] = {
         "rope_theta": None,
         "rope_parameters": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0,
                             "original_max_position_embeddings": 8192}}),
+    # Interleaved-rope checkpoint (upstream permutes q/k and their norms to NeoX order), partial
+    # rotary (rope.dimension_count) and an attention value scale.
+    "v2-interleaved-partial-rope": dict(version=2, config_overrides={
+        "rope_is_neox_style": False, "rope_theta": None,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
+                            "partial_rotary_factor": 0.5},
+        "dflash_config": {"attention_value_scale": 0.5}}),
     # v1 with f32 storage and the whole-drafter SWA switch the authors put in dflash_config.
     "v1-f32-use-swa": dict(version=1, dtype="float32", config_overrides={
         "dflash_config": {"use_swa": True, "swa_window_size": 1024}}),
@@ -71,7 +78,7 @@ CASES: dict[str, dict] = {
 _FULL = ("f32", "f16", "bf16", "q8_0")
 PAIRS = [(c, o) for c in ("v1", "v2") for o in _FULL] + [
     ("v2-swa-softcap-scale", "q8_0"), ("v2-rope-parameters-sharded", "bf16"),
-    ("v1-f32-use-swa", "f16"),
+    ("v2-interleaved-partial-rope", "f16"), ("v1-f32-use-swa", "f16"),
 ]
 
 
