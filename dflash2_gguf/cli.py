@@ -128,16 +128,32 @@ def _generate_run(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- convert
 
-def _convert_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of `python -m convert` (see --help there)")
-
-
 def _convert_run(args: argparse.Namespace) -> int:
     from convert.__main__ import main as convert_main
 
     rc = convert_main(list(args.rest))
     return int(rc or 0)
 
+
+def _inspect_run(args: argparse.Namespace) -> int:
+    from convert.__main__ import main as convert_main
+
+    return int(convert_main(["inspect", *args.rest]) or 0)
+
+
+# ---------------------------------------------------------------------------- train
+
+def _train_run(args: argparse.Namespace) -> int:
+    from .train.cli import main as train_main
+
+    return int(train_main(list(args.rest)) or 0)
+
+
+def _passthrough_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the delegated command (see its --help)")
+
+
+# ---------------------------------------------------------------------------- serve
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
     from .server.__main__ import add_arguments
@@ -165,13 +181,16 @@ def _bench_run(args: argparse.Namespace) -> int:
     return run_from_args(args)
 
 
-#: name -> (help, add_arguments(parser), run(args) -> exit code). Other subcommands (serve,
-#: bench, train, inspect) register here.
+#: name -> (help, add_arguments(parser), run(args) -> exit code).
 SUBCOMMANDS: dict = {
     "generate": ("generate text with a target GGUF and a dflash drafter GGUF", _generate_args, _generate_run),
-    "convert": ("convert an HF DFlash/DFlash 2 checkpoint to GGUF (python -m convert)", _convert_args, _convert_run),
+    "convert": ("convert an HF DFlash/DFlash 2 checkpoint to GGUF (python -m convert)", _passthrough_args, _convert_run),
     "bench": ("acceptance length and speedup of a drafter on a prompt set", _bench_args, _bench_run),
     "serve": ("OpenAI-compatible HTTP server (llama-server flags; needs the server extra)", _serve_args, _serve_run),
+    "train": ("train a DFlash 2 drafter for a GGUF target (python -m dflash2_gguf.train; needs torch)",
+              _passthrough_args, _train_run),
+    "inspect": ("summarise a drafter GGUF and check it against a target (python -m convert inspect)",
+                _passthrough_args, _inspect_run),
 }
 
 
@@ -182,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=f"dflash2-gguf {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_, add_args, run) in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=help_, description=help_)
+        # Delegating subcommands hand every argument, --help included, to the delegate.
+        p = sub.add_parser(name, help=help_, description=help_, add_help=add_args is not _passthrough_args)
         add_args(p)
         p.set_defaults(_run=run)
     return ap
@@ -190,7 +210,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``dflash2-gguf`` console script. Returns the exit code."""
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if argv and argv[0] in SUBCOMMANDS and SUBCOMMANDS[argv[0]][1] is _passthrough_args:
+        # argparse's REMAINDER cannot capture a leading "--help": hand the raw arguments over.
+        args = argparse.Namespace(command=argv[0], rest=argv[1:], _run=SUBCOMMANDS[argv[0]][2])
+    else:
+        args = parser.parse_args(argv)
     try:
         return int(args._run(args) or 0)
     except (FileNotFoundError, ValueError) as e:
