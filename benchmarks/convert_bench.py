@@ -12,8 +12,8 @@ SWA 2048; the drafter has no embedding or LM head) is written once into
   bf16 and q8_0. Upstream has no K-quants: ours' q4_k_m is set against upstream's q8_0, its
   closest (smallest) quantized outtype.
 
-Each conversion runs in a fresh subprocess; wall time and peak RSS (``os.wait4`` rusage of that
-child) are printed with the ratios ours/upstream. bf16 and q8_0 outputs of both are then compared
+Each conversion runs in a fresh subprocess; wall time and peak RSS (``/usr/bin/time -v``, see
+:func:`measure`) are printed with the ratios ours/upstream. bf16 and q8_0 outputs of both are then compared
 tensor by tensor (names, types, bytes) unless ``--no-compare``.
 
 Fake targets (neither converter reads the target's weights):
@@ -159,11 +159,18 @@ def _write_fake_target_gguf(smol: Path, out: Path) -> None:
 def measure(cmd: list[str], env: dict | None = None, cwd: str | None = None) -> dict:
     """Run ``cmd`` in a fresh subprocess; return wall seconds, peak RSS (GiB), user/sys seconds.
 
-    Peak RSS is the child's ``ru_maxrss`` from ``os.wait4`` (that child alone, not the others
-    this process ran). Raises ``RuntimeError`` with the output tail if the command fails.
+    The command runs under ``/usr/bin/time -v`` when it exists, and peak RSS is the "Maximum
+    resident set size" it reports. Not ``os.wait4`` / ``RUSAGE_CHILDREN`` of this process: Linux
+    carries the forking process's RSS high-water mark into the child's ``ru_maxrss`` across
+    ``exec``, so a child forked from a big benchmark process reports the parent's RSS (an early
+    version of this script reported 8.3 GiB for a conversion that peaks at 1.2 GiB). Without
+    ``/usr/bin/time`` it falls back to ``os.wait4`` and says so. Raises ``RuntimeError`` with
+    the output tail if the command fails.
     """
+    timer = Path("/usr/bin/time")
+    full = [str(timer), "-v", *cmd] if timer.is_file() else cmd
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(full, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out = b""
     # Drain the pipe (upstream prints progress bars) while waiting, then reap with wait4.
     assert proc.stdout is not None
@@ -173,10 +180,16 @@ def measure(cmd: list[str], env: dict | None = None, cwd: str | None = None) -> 
     proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - t0
     load = os.getloadavg()[0]
+    text = out.decode(errors="replace")
     if proc.returncode != 0:
-        raise RuntimeError(f"rc {proc.returncode}: {' '.join(cmd)}\n{out.decode(errors='replace')[-4000:]}")
-    return {"wall_s": wall, "peak_rss_gib": ru.ru_maxrss / 2**20, "user_s": ru.ru_utime,
-            "sys_s": ru.ru_stime, "load_after": load}
+        raise RuntimeError(f"rc {proc.returncode}: {' '.join(cmd)}\n{text[-4000:]}")
+    peak_kib, how = ru.ru_maxrss, "wait4 (may include this process's RSS)"
+    if timer.is_file():
+        for line in text.splitlines():
+            if "Maximum resident set size (kbytes):" in line:
+                peak_kib, how = int(line.rsplit(":", 1)[1]), "/usr/bin/time -v"
+    return {"wall_s": wall, "peak_rss_gib": peak_kib / 2**20, "rss_source": how,
+            "user_s": ru.ru_utime, "sys_s": ru.ru_stime, "load_after": load}
 
 
 def run_ours(src: Path, target: Path, outfile: Path, outtype: str) -> dict:
@@ -208,6 +221,7 @@ def compare_tensors(a: Path, b: Path) -> str:
     bad = [n for n, t in ta.items()
            if t.tensor_type != tb[n].tensor_type or list(t.shape) != list(tb[n].shape)
            or not np.array_equal(np.asarray(t.data).view(np.uint8), np.asarray(tb[n].data).view(np.uint8))]
+    del ra, rb, ta, tb  # drop the memory maps before the next conversion
     return "identical" if not bad else f"{len(bad)} tensors differ, e.g. {bad[:5]}"
 
 
