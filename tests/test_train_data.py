@@ -84,3 +84,35 @@ def test_inline_and_prefill_shards_roundtrip(tmp_path, smollm2_gguf, single_gree
     a[1].unlink()
     again = generate_capture_shards(smollm2_gguf, PROMPTS, tmp_path / "inline", IDS, mode="inline", **kw)
     assert a[1].exists() and a[0].stat().st_mtime_ns == mtimes[0]
+
+
+def test_restricted_vocab_loss_equals_full_when_vocab_is_everything():
+    """``dflash2_loss(vocab=...)``: with every id it is the full objective; with a subset the
+    logits are the matching columns and labels outside the subset are not counted in the CE."""
+    import torch
+
+    from dflash2_gguf.train import objective as O
+    from dflash2_gguf.train.model import DFlash2Config, DFlash2Drafter
+
+    V, H = 300, 64
+    cfg = DFlash2Config(hidden_size=H, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, vocab_size=V, num_target_layers=8,
+                        target_layer_ids=(1, 3), mask_token_id=V - 1, block_size=4, selector_rank=8,
+                        selector_top_k=5)
+    torch.manual_seed(0)
+    m = DFlash2Drafter(cfg)
+    m.set_target_weights(torch.randn(V, H) * 0.5)
+    b, n = 2, 40
+    tokens = torch.randint(0, 50, (b, n))
+    batch = O.Batch(tokens, torch.randn(b, n, 2 * H), torch.arange(n).repeat(b, 1),
+                    torch.tensor([n, n - 5]), torch.tensor([5, 8]))
+    anchors = O.sample_anchors(batch.lengths, batch.anchor_min, 6, torch.Generator().manual_seed(1))
+    full = O.dflash2_loss(m, batch, 6, anchors=anchors)
+    every = O.dflash2_loss(m, batch, 6, anchors=anchors, vocab=torch.arange(V))
+    assert torch.allclose(full.loss, every.loss, atol=1e-6)
+    assert torch.equal(full.correct, every.correct) and torch.equal(full.count, every.count)
+    assert torch.equal(full.selector_correct, every.selector_correct)
+    sub = O.dflash2_loss(m, batch, 6, anchors=anchors, vocab=torch.arange(50))  # all labels inside
+    assert torch.isfinite(sub.loss) and sub.ce <= full.ce  # fewer competitors, lower CE
+    sub.loss.backward()
+    assert m.candidate_selector.successor_codebook.grad[50:].abs().sum() == 0

@@ -3,8 +3,10 @@
 Two steps, each resumable on its own::
 
     # 1. target-generated data: greedy responses to GSM8K-train prompts + hidden states
+    #    (--batch-size 16: 16 sequences per llama_decode, features captured in the same pass)
     python -m dflash2_gguf.train capture --target SmolLM2-135M-Instruct.Q4_1.gguf \\
-        --prompts gsm8k-train --limit 2000 --max-new-tokens 256 --out feats/
+        --prompts gsm8k-train --limit 2000 --max-new-tokens 256 --out feats/ \\
+        --batch-size 16 --seqs-per-shard 128 --n-ctx 1024 --resume
 
     # 2. train (features must come from the same target layers: the layer ids are derived
     #    from --layers exactly as in step 1, or given with --target-layer-ids)
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import os
 import gzip
 import json
 import random
@@ -95,6 +98,24 @@ def cmd_capture(args) -> int:
     ids = _layer_ids(args, info.n_layers)
     prompts = load_prompts(args.prompts, args.limit, args.seed)
     out = Path(args.out)
+    if args.batch_size > 1:
+        from .generate import generate_capture_shards
+
+        if args.force and not args.resume:
+            for old in list(out.glob("shard-*.safetensors")) + list(out.glob("responses.jsonl")):
+                old.unlink()
+        elif out.exists() and any(out.glob("shard-*.safetensors")) and not args.resume:
+            raise SystemExit(f"{out} already holds shards (use --resume to continue, --force to overwrite)")
+        paths = generate_capture_shards(
+            args.target, prompts, out, ids, max_new_tokens=args.max_new_tokens,
+            seqs_per_shard=args.seqs_per_shard, n_parallel=args.batch_size,
+            n_ctx_seq=args.n_ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
+            mode=args.capture_mode,
+            source=f"prompts={args.prompts} limit={args.limit} seed={args.seed} greedy batched "
+                   f"({args.batch_size} parallel) max_new_tokens={args.max_new_tokens} "
+                   f"capture={args.capture_mode}")
+        print(f"{len(paths)} shard(s) in {out} (target layers {ids})")
+        return 0
     if out.exists() and any(out.glob("shard-*.safetensors")) and not (args.force or args.resume):
         raise SystemExit(f"{out} already holds shards (use --resume to continue, --force to overwrite)")
     if args.force and not args.resume:
@@ -128,11 +149,30 @@ def cmd_fit(args) -> int:
                        save_every=args.save_every, device=args.device,
                        autocast_dtype="bfloat16" if args.bf16 else None, seed=args.seed,
                        eval_shards=sorted(p for pat in args.eval_shards for p in glob.glob(pat)),
-                       eval_every=args.eval_every)
+                       eval_every=args.eval_every, vocab=args.vocab, threads=args.threads,
+                       lr_total_steps=args.lr_total_steps)
     _, state = train(cfg, tcfg)
     last = next((h for h in reversed(state.history) if "loss" in h), {})
     tau = next((h for h in reversed(state.history) if "tau" in h), None)
     print(json.dumps({"step": state.step, "last": last, "eval": tau, "hf": str(Path(args.out) / "hf")}))
+    return 0
+
+
+def cmd_export(args) -> int:
+    """A run folder's checkpoint.pt -> the authors' HF format (any step, training or not)."""
+    import torch
+
+    from .export import export_hf
+    from .model import DFlash2Config, DFlash2Drafter
+
+    state = torch.load(Path(args.run) / "checkpoint.pt", map_location="cpu", weights_only=False)
+    model = DFlash2Drafter(DFlash2Config(**state["model_config"]))
+    model.load_state_dict(state["model"])
+    out = export_hf(model, args.out or Path(args.run) / "hf", dtype=args.dtype, force=True)
+    hist = [h for h in state["history"] if "loss" in h]
+    taus = [h for h in state["history"] if "tau" in h]
+    print(json.dumps({"step": state["step"], "hf": str(out), "last": hist[-1] if hist else None,
+                      "eval": taus[-1] if taus else None}))
     return 0
 
 
@@ -153,7 +193,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--limit", type=int, default=None)
     c.add_argument("--max-new-tokens", type=int, default=512)
     c.add_argument("--seqs-per-shard", type=int, default=1000)
-    c.add_argument("--n-ctx", type=int, default=4096)
+    c.add_argument("--n-ctx", type=int, default=4096,
+                   help="context per sequence (prompt + response must fit)")
+    c.add_argument("--batch-size", type=int, default=1,
+                   help="sequences decoded together per llama_decode (> 1: the batched path of "
+                        "dflash2_gguf.train.generate; shard k then holds prompts "
+                        "k*seqs_per_shard.., and --resume keeps finished shards)")
+    c.add_argument("--capture-mode", choices=["inline", "prefill"], default="inline",
+                   help="with --batch-size > 1: features from the generation decodes themselves "
+                        "(inline, one pass) or from one teacher-forced prefill per sequence")
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("--n-gpu-layers", type=int, default=0)
     c.add_argument("--out", required=True)
@@ -181,13 +229,28 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--eval-shards", nargs="*", default=[],
                    help="held-out shards: greedy acceptance length (tau) is logged")
     f.add_argument("--eval-every", type=int, default=0, help="0: evaluate at the end only")
+    f.add_argument("--vocab", choices=["full", "data"], default="full",
+                   help="softmax over the full vocabulary (the authors' objective) or over the "
+                        "token ids present in the shards (much cheaper output head on CPU)")
+    f.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    f.add_argument("--lr-total-steps", type=int, default=None,
+                   help="steps of the cosine schedule (default --steps); lets --steps stop "
+                        "earlier or later without changing the schedule")
     f.add_argument("--device", default="cpu")
     f.add_argument("--bf16", action="store_true", help="bfloat16 autocast (GPUs)")
     f.set_defaults(func=cmd_fit)
+
+    e = sub.add_parser("export", help="checkpoint.pt of a run folder -> HF folder (authors' format)")
+    e.add_argument("--run", required=True, help="run folder of `fit`")
+    e.add_argument("--out", default=None, help="HF folder (default <run>/hf)")
+    e.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    e.set_defaults(func=cmd_export)
     return p
 
 
 def main(argv=None) -> int:
+    # OpenMP spin barriers on a shared 2-core machine (DESIGN.md section 7); before libllama loads
+    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -300,6 +300,51 @@ def _log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def _inline_shards(gen, prompts, todo, seqs_per_shard, max_new_tokens, paths, meta, responses, rf,
+                   bar, totals, n_parallel) -> None:
+    """Inline mode: ONE continuous-batching run over the prompts of every shard to do (no
+    half-empty batches at shard ends); shard k is written as soon as all its sequences are in."""
+    from .data import write_shard
+
+    need, ptoks, left = [], {}, {}
+    for k in todo:
+        lo, hi = k * seqs_per_shard, min(len(prompts), (k + 1) * seqs_per_shard)
+        left[k] = hi - lo
+        for i in range(lo, hi):
+            ptoks[i] = prompt_tokens(gen, prompts[i])
+            need.append(i)
+    done: dict[int, tuple] = {}
+    t_last, new_last, all_last = time.perf_counter(), 0, 0
+    t_start = t_last
+    for i, resp, f in gen.generate([ptoks[i] for i in need], max_new_tokens, keys=need):
+        responses[i] = {"i": i, "prompt": ptoks[i], "response": resp}
+        rf.write(json.dumps(responses[i]) + "\n")
+        rf.flush()
+        done[i] = (ptoks[i] + resp, f, len(ptoks[i]))
+        new_last += len(resp)
+        all_last += len(resp) + len(ptoks[i])
+        if bar is not None:
+            bar.update(1)
+        k = i // seqs_per_shard
+        left[k] -= 1
+        if left[k] == 0:
+            lo, hi = k * seqs_per_shard, min(len(prompts), (k + 1) * seqs_per_shard)
+            rows = [done.pop(j) for j in range(lo, hi)]
+            write_shard(paths[k], rows, meta)
+            now = time.perf_counter()
+            dt = now - t_last
+            totals["gen_tokens"] += new_last
+            totals["gen_all"] += all_last
+            totals["gen_s"] = now - t_start
+            _log(f"shard {k}: {hi - lo} sequences, {sum(len(r[0]) for r in rows)} tokens -> "
+                 f"{paths[k].name}; since the last shard {new_last / dt:.1f} new tok/s, "
+                 f"{all_last / dt:.1f} tok/s incl. prompts ({n_parallel} parallel, features inline)")
+            _log("totals: {:.1f} new tok/s ({:.1f} incl. prompts) over {} new tokens, {:.0f} s".format(
+                totals["gen_tokens"] / totals["gen_s"], totals["gen_all"] / totals["gen_s"],
+                totals["gen_tokens"], totals["gen_s"]))
+            t_last, new_last, all_last = now, 0, 0
+
+
 def generate_capture_shards(target_gguf: str | Path, prompts: Sequence[str], out_dir: str | Path,
                             target_layer_ids: Sequence[int], *, max_new_tokens: int = 256,
                             seqs_per_shard: int = 128, n_parallel: int = 16, n_ctx_seq: int = 1024,
@@ -358,62 +403,66 @@ def generate_capture_shards(target_gguf: str | Path, prompts: Sequence[str], out
                          source=source or f"greedy batched ({n_parallel} parallel) "
                                           f"max_new_tokens={max_new_tokens} capture={mode}")
         with open(resp_path, "a", encoding="utf-8") as rf:
-            for k in todo:
-                lo, hi = k * seqs_per_shard, min(len(prompts), (k + 1) * seqs_per_shard)
-                ptoks = {i: prompt_tokens(gen, prompts[i]) for i in range(lo, hi)}
-                feats: dict[int, np.ndarray] = {}
-                # -- phase 1: batched greedy generation (+ inline features)
-                need = [i for i in range(lo, hi) if inline or i not in responses
-                        or responses[i]["prompt"] != ptoks[i]]
-                if need:
+            if inline:
+                _inline_shards(gen, prompts, todo, seqs_per_shard, max_new_tokens, paths, meta,
+                               responses, rf, bar, totals, n_parallel)
+            else:
+                for k in todo:
+                    lo, hi = k * seqs_per_shard, min(len(prompts), (k + 1) * seqs_per_shard)
+                    ptoks = {i: prompt_tokens(gen, prompts[i]) for i in range(lo, hi)}
+                    feats: dict[int, np.ndarray] = {}
+                    # -- phase 1: batched greedy generation (+ inline features)
+                    need = [i for i in range(lo, hi) if inline or i not in responses
+                            or responses[i]["prompt"] != ptoks[i]]
+                    if need:
+                        t = time.perf_counter()
+                        ntok = 0
+                        for row in gen.generate([ptoks[i] for i in need], max_new_tokens, keys=need):
+                            i, resp = row[0], row[1]
+                            if inline:
+                                feats[i] = row[2]
+                                if bar is not None:
+                                    bar.update(1)
+                            responses[i] = {"i": i, "prompt": ptoks[i], "response": resp}
+                            rf.write(json.dumps(responses[i]) + "\n")
+                            rf.flush()
+                            ntok += len(resp)
+                        dt = time.perf_counter() - t
+                        nall = ntok + sum(len(ptoks[i]) for i in need)
+                        totals["gen_tokens"] += ntok
+                        totals["gen_all"] += nall
+                        totals["gen_s"] += dt
+                        _log(f"shard {k}: generated {len(need)} responses, {ntok} new tokens in {dt:.1f} s "
+                             f"= {ntok / dt:.1f} new tok/s, {nall / dt:.1f} tok/s incl. prompts "
+                             f"({n_parallel} parallel, {gen.stats['decode_calls']} decode calls"
+                             f"{', features inline' if inline else ''})")
+                    # -- phase 2: features by one prefill per sequence
+                    rows, ntok = [], 0
                     t = time.perf_counter()
-                    ntok = 0
-                    for row in gen.generate([ptoks[i] for i in need], max_new_tokens, keys=need):
-                        i, resp = row[0], row[1]
-                        if inline:
-                            feats[i] = row[2]
+                    for i in range(lo, hi):
+                        seq = responses[i]["prompt"] + responses[i]["response"]
+                        if not inline:
+                            cap.reset()
+                            feats[i], _ = cap.run(seq)
                             if bar is not None:
                                 bar.update(1)
-                        responses[i] = {"i": i, "prompt": ptoks[i], "response": resp}
-                        rf.write(json.dumps(responses[i]) + "\n")
-                        rf.flush()
-                        ntok += len(resp)
-                    dt = time.perf_counter() - t
-                    nall = ntok + sum(len(ptoks[i]) for i in need)
-                    totals["gen_tokens"] += ntok
-                    totals["gen_all"] += nall
-                    totals["gen_s"] += dt
-                    _log(f"shard {k}: generated {len(need)} responses, {ntok} new tokens in {dt:.1f} s "
-                         f"= {ntok / dt:.1f} new tok/s, {nall / dt:.1f} tok/s incl. prompts "
-                         f"({n_parallel} parallel, {gen.stats['decode_calls']} decode calls"
-                         f"{', features inline' if inline else ''})")
-                # -- phase 2: features by one prefill per sequence
-                rows, ntok = [], 0
-                t = time.perf_counter()
-                for i in range(lo, hi):
-                    seq = responses[i]["prompt"] + responses[i]["response"]
+                        rows.append((seq, feats[i], len(responses[i]["prompt"])))
+                        ntok += len(seq)
                     if not inline:
-                        cap.reset()
-                        feats[i], _ = cap.run(seq)
-                        if bar is not None:
-                            bar.update(1)
-                    rows.append((seq, feats[i], len(responses[i]["prompt"])))
-                    ntok += len(seq)
-                if not inline:
-                    dt = time.perf_counter() - t
-                    totals["cap_tokens"] += ntok
-                    totals["cap_s"] += dt
-                    _log(f"shard {k}: captured {hi - lo} sequences, {ntok} tokens in {dt:.1f} s = "
-                         f"{ntok / dt:.1f} tok/s (prefill)")
-                write_shard(paths[k], rows, meta)
-                _log(f"shard {k}: {hi - lo} sequences, {ntok} tokens -> {paths[k].name}")
-                msg = "totals: generation {:.1f} new tok/s ({:.1f} incl. prompts) over {} new tokens".format(
-                    totals["gen_tokens"] / max(totals["gen_s"], 1e-9),
-                    totals["gen_all"] / max(totals["gen_s"], 1e-9), totals["gen_tokens"])
-                if not inline:
-                    msg += ", capture {:.1f} tok/s over {} tokens".format(
-                        totals["cap_tokens"] / max(totals["cap_s"], 1e-9), totals["cap_tokens"])
-                _log(msg)
+                        dt = time.perf_counter() - t
+                        totals["cap_tokens"] += ntok
+                        totals["cap_s"] += dt
+                        _log(f"shard {k}: captured {hi - lo} sequences, {ntok} tokens in {dt:.1f} s = "
+                             f"{ntok / dt:.1f} tok/s (prefill)")
+                    write_shard(paths[k], rows, meta)
+                    _log(f"shard {k}: {hi - lo} sequences, {ntok} tokens -> {paths[k].name}")
+                    msg = "totals: generation {:.1f} new tok/s ({:.1f} incl. prompts) over {} new tokens".format(
+                        totals["gen_tokens"] / max(totals["gen_s"], 1e-9),
+                        totals["gen_all"] / max(totals["gen_s"], 1e-9), totals["gen_tokens"])
+                    if not inline:
+                        msg += ", capture {:.1f} tok/s over {} tokens".format(
+                            totals["cap_tokens"] / max(totals["cap_s"], 1e-9), totals["cap_tokens"])
+                    _log(msg)
     finally:
         gen.close()
         if cap is not None:

@@ -62,6 +62,9 @@ class TrainConfig:
     eval_shards: Sequence[str] = ()     # held-out shards: greedy acceptance length (tau)
     eval_every: int = 0                 # 0: only at the end (when eval_shards are given)
     eval_batches: int = 4
+    vocab: str = "full"                 # "data": softmax over the token ids present in the shards
+    threads: int | None = None          # torch CPU threads (None: torch's default)
+    lr_total_steps: int | None = None   # length of the cosine schedule (None: steps)
     extra: dict = field(default_factory=dict)
 
 
@@ -138,6 +141,15 @@ def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
 
         target_weights = load_target_weights(cfg.target_gguf).torch()
     device = torch.device(cfg.device)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    vocab = None
+    if cfg.vocab == "data":
+        vocab = torch.unique(torch.cat([t.long() for t in data._tokens])).to(device)
+        print(f"training vocabulary: {len(vocab)} token ids present in the shards "
+              f"(of {model_cfg.vocab_size})", flush=True)
+    elif cfg.vocab != "full":
+        raise ValueError("TrainConfig.vocab must be 'full' or 'data'")
     torch.manual_seed(cfg.seed)
     model = model if model is not None else DFlash2Drafter(model_cfg)
     model.set_target_weights(target_weights[0], target_weights[1])
@@ -147,7 +159,8 @@ def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=cfg.lr, betas=cfg.betas)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.warmup_steps, cfg.lr_total_steps or cfg.steps,
+                                                         cfg.min_lr_ratio))
     gen = torch.Generator().manual_seed(cfg.seed)
     step, history = 0, []
     ckpt = out / "checkpoint.pt"
@@ -176,7 +189,7 @@ def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
         batch = data.sample_batch(cfg.batch_size, cfg.max_len, gen).to(device)
         with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
             res = dflash2_loss(model, batch, cfg.anchors_per_seq, gamma=cfg.gamma,
-                               selector_weight=cfg.selector_weight, generator=gen)
+                               selector_weight=cfg.selector_weight, generator=gen, vocab=vocab)
         opt.zero_grad(set_to_none=True)
         res.loss.backward()
         if cfg.grad_clip:

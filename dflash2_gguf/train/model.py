@@ -554,18 +554,27 @@ class DFlash2Drafter(nn.Module):
         e = F.embedding(ids, self.embed_tokens)
         return e * float(scale) if scale is not None else e
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
         """hidden [..., H] -> logits [..., V]: ``lm_head(h) * output_multiplier``, then
-        ``tanh(l / cap) * cap`` when ``final_logit_softcapping`` > 0 (as the reference)."""
+        ``tanh(l / cap) * cap`` when ``final_logit_softcapping`` > 0 (as the reference).
+        ``vocab`` (int64 ids): logits of those head rows only, [..., len(vocab)] (training
+        over a restricted vocabulary)."""
         if self.lm_head is None:
             raise RuntimeError("call set_target_weights() first")
-        logits = F.linear(hidden, self.lm_head.to(hidden.dtype))
+        head = self.lm_head if vocab is None else self._head_rows(vocab)
+        logits = F.linear(hidden, head.to(hidden.dtype))
         mult = self.config.output_multiplier
         logits = logits * float(mult if mult is not None else 1.0)
         cap = self.config.final_logit_softcapping
         if cap is not None and float(cap) > 0:
             logits = torch.tanh(logits / float(cap)) * float(cap)
         return logits
+
+    def _head_rows(self, vocab: torch.Tensor) -> torch.Tensor:
+        cache = getattr(self, "_head_cache", None)
+        if cache is None or cache[0] is not vocab or cache[1].device != self.lm_head.device:
+            self._head_cache = (vocab, self.lm_head[vocab.to(self.lm_head.device)].contiguous())
+        return self._head_cache[1]
 
     # -- the forward pass ----------------------------------------------------------------
 

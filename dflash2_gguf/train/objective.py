@@ -155,7 +155,8 @@ def block_attention_mask(anchors: torch.Tensor, ctx_len: int, block_size: int) -
 
 def dflash2_loss(model: DFlash2Drafter, batch: Batch, n_anchors: int, *, gamma: float | None = None,
                  selector_weight: float = 1.0, generator: torch.Generator | None = None,
-                 anchors: tuple[torch.Tensor, torch.Tensor] | None = None) -> LossOutput:
+                 anchors: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 vocab: torch.Tensor | None = None) -> LossOutput:
     """The DFlash 2 loss of one batch (see the module docstring).
 
     Args:
@@ -166,6 +167,10 @@ def dflash2_loss(model: DFlash2Drafter, batch: Batch, n_anchors: int, *, gamma: 
         selector_weight: weight of the selector loss.
         generator: RNG of the anchor sampling (CPU generator).
         anchors: (anchors [B, A], valid [B, A]) to use instead of sampling (tests).
+        vocab: sorted int64 token ids: softmax (and the selector's top-k) over these head rows
+            only (a restricted-vocabulary approximation that makes the output head, the
+            dominant CPU cost, ``V / len(vocab)`` times cheaper; labels outside it are ignored).
+            None: the full vocabulary (the authors' objective).
     """
     cfg = model.config
     bs = cfg.block_size
@@ -183,7 +188,13 @@ def dflash2_loss(model: DFlash2Drafter, batch: Batch, n_anchors: int, *, gamma: 
     hidden = model(emb, batch.features, pos, attention_mask=mask, block_len=bs)
     hidden = hidden.view(b, a, bs, -1)[:, :, 1:]                        # rows 1..bs-1
     labels, pred = labels[:, :, 1:], pred[:, :, 1:]
-    logits = model.compute_logits(hidden).float()                      # [B, A, bs-1, V]
+    labels_full = labels
+    if vocab is not None:
+        vocab = vocab.to(labels.device)
+        lut = torch.full((cfg.vocab_size,), -100, dtype=torch.long, device=labels.device)
+        lut[vocab] = torch.arange(len(vocab), device=labels.device)
+        labels = torch.where(labels >= 0, lut[labels.clamp(min=0)], labels)
+    logits = model.compute_logits(hidden, vocab).float()               # [B, A, bs-1, V or |vocab|]
 
     w = torch.exp(-torch.arange(bs - 1, device=logits.device, dtype=torch.float32) / gamma)
     counted = labels >= 0
@@ -196,7 +207,8 @@ def dflash2_loss(model: DFlash2Drafter, batch: Batch, n_anchors: int, *, gamma: 
     sel = model.candidate_selector
     cand = torch.topk(logits.detach(), sel.top_k, dim=-1, sorted=False).indices
     unary = logits.gather(-1, cand)
-    scores = sel.scores(hidden, unary, cand, pred.clamp(min=0)).float()
+    cand_ids = cand if vocab is None else vocab[cand]
+    scores = sel.scores(hidden, unary, cand_ids, pred.clamp(min=0)).float()
     hit = cand == labels[..., None]
     in_top = hit.any(-1) & counted
     target = hit.float().argmax(-1)
@@ -208,9 +220,9 @@ def dflash2_loss(model: DFlash2Drafter, batch: Batch, n_anchors: int, *, gamma: 
 
     with torch.no_grad():
         correct = ((logits.argmax(-1) == labels) & counted).sum((0, 1))
-        sel_pick = cand.gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
-        sel_correct = ((sel_pick == labels) & counted).sum((0, 1))
-        count = counted.sum((0, 1))
+        sel_pick = cand_ids.gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
+        sel_correct = ((sel_pick == labels_full) & counted).sum((0, 1))
+        count = (labels_full >= 0).sum((0, 1))
     if not math.isfinite(float(loss.detach())):
         raise FloatingPointError("non-finite DFlash 2 loss")
     return LossOutput(loss=loss, ce=ce.detach(), selector=selector.detach(), correct=correct,

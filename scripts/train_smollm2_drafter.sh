@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Train the DFlash 2 drafter for SmolLM2-135M-Instruct Q4_1 on CPU, resumably (docs/TRAINING.md).
+#
+#   scripts/train_smollm2_drafter.sh data      # background: GSM8K-train responses + features -> shards
+#   scripts/train_smollm2_drafter.sh fit       # background: train on the shards present (resumes)
+#   scripts/train_smollm2_drafter.sh both      # data, then fit as soon as MIN_SHARDS shards exist
+#   scripts/train_smollm2_drafter.sh export    # checkpoint -> HF folder -> q8_0 GGUF
+#   scripts/train_smollm2_drafter.sh status    # last log lines, shard count
+#
+# Everything lives in $WORK (default ~/.cache/dflash2-gguf/train/smollm2); rerunning a stage
+# resumes it (finished shards kept, training restarts from checkpoint.pt).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WORK=${WORK:-$HOME/.cache/dflash2-gguf/train/smollm2}
+FEATS=$WORK/feats
+RUN=${RUN:-$WORK/run-l2-b8-r128}
+MIN_SHARDS=${MIN_SHARDS:-6}
+export OMP_WAIT_POLICY=passive PYTHONUNBUFFERED=1
+mkdir -p "$WORK" "$FEATS" "$RUN"
+TARGET=$(python -c 'from dflash2_gguf.assets import fetch; print(fetch("smollm2-135m-instruct-q4_1"))')
+# drafter shape (docs/TRAINING.md): 2 layers, block 8, 3 target layers, selector rank 128 / top-k 16
+SHAPE=(--layers 2 --target-layer-ids 1,14,27)
+
+data() {
+  python -m dflash2_gguf.train capture --target "$TARGET" "${SHAPE[@]}" --prompts gsm8k-train \
+    --max-new-tokens 256 --batch-size ${BATCH:-32} --seqs-per-shard 64 --n-ctx 768 --threads 2 \
+    --out "$FEATS" --resume
+}
+
+fit() {
+  # shard-00000 is held out (greedy tau on it is logged); train on the others present now
+  local shards=()
+  for f in "$FEATS"/shard-*.safetensors; do
+    [[ $f == */shard-00000.safetensors ]] || shards+=("$f")
+  done
+  python -m dflash2_gguf.train fit --target "$TARGET" "${SHAPE[@]}" --block-size 8 \
+    --selector-rank 128 --selector-top-k 16 --shards "${shards[@]}" \
+    --eval-shards "$FEATS/shard-00000.safetensors" --eval-every ${EVAL_EVERY:-500} \
+    --steps ${STEPS:-6000} --lr ${LR:-1e-3} --warmup 100 --batch-size ${BS:-4} --max-len 512 \
+    --anchors ${ANCHORS:-24} --save-every ${SAVE_EVERY:-100} --threads 2 --out "$RUN"
+}
+
+case "${1:-status}" in
+  data) nohup bash "$0" _data >> "$WORK/data.log" 2>&1 & echo "data: pid $! log $WORK/data.log" ;;
+  fit) nohup bash "$0" _fit >> "$RUN/fit.log" 2>&1 & echo "fit: pid $! log $RUN/fit.log" ;;
+  both) nohup bash "$0" _both >> "$WORK/both.log" 2>&1 & echo "both: pid $! log $WORK/both.log" ;;
+  _data) data ;;
+  _fit) fit ;;
+  _both)
+    data >> "$WORK/data.log" 2>&1 &
+    until [ "$(ls "$FEATS"/shard-*.safetensors 2>/dev/null | wc -l)" -ge "$MIN_SHARDS" ]; do sleep 60; done
+    fit >> "$RUN/fit.log" 2>&1
+    wait ;;
+  export)
+    python -m dflash2_gguf.train export --run "$RUN" --out "$RUN/hf"
+    python -m convert hf-to-gguf "$RUN/hf" --target "$TARGET" --outfile "$RUN/drafter-q8_0.gguf" --outtype q8_0
+    ls -l "$RUN/drafter-q8_0.gguf" ;;
+  status)
+    echo "shards: $(ls "$FEATS"/shard-*.safetensors 2>/dev/null | wc -l)  responses: $(wc -l < "$FEATS/responses.jsonl" 2>/dev/null || echo 0)"
+    tail -n 3 "$WORK/data.log" 2>/dev/null | tr '\r' '\n' | tail -n 3 || true
+    tail -c 600 "$RUN/fit.log" 2>/dev/null | tr '\r' '\n' | tail -n 3 || true ;;
+  *) echo "usage: $0 data|fit|both|export|status" >&2; exit 2 ;;
+esac
