@@ -34,7 +34,7 @@ fit() {
     [[ $f == */shard-00000.safetensors ]] || shards+=("$f")
   done
   python -m dflash2_gguf.train fit --target "$TARGET" "${SHAPE[@]}" --block-size 8 \
-    --selector-rank 128 --selector-top-k 16 --shards "${shards[@]}" \
+    --selector-rank 128 --selector-top-k 16 --vocab data --shards "${shards[@]}" \
     --eval-shards "$FEATS/shard-00000.safetensors" --eval-every ${EVAL_EVERY:-500} \
     --steps ${STEPS:-6000} --lr ${LR:-1e-3} --warmup 100 --batch-size ${BS:-4} --max-len 512 \
     --anchors ${ANCHORS:-24} --save-every ${SAVE_EVERY:-100} --threads 2 --out "$RUN"
