@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 WORK=${WORK:-$HOME/.cache/dflash2-gguf/train/smollm2}
 FEATS=$WORK/feats
 RUN=${RUN:-$WORK/run-l2-b8-r128}
-MIN_SHARDS=${MIN_SHARDS:-6}
+MIN_SHARDS=${MIN_SHARDS:-2}
 export OMP_WAIT_POLICY=passive PYTHONUNBUFFERED=1
 mkdir -p "$WORK" "$FEATS" "$RUN"
 TARGET=$(python -c 'from dflash2_gguf.assets import fetch; print(fetch("smollm2-135m-instruct-q4_1"))')
@@ -28,16 +28,14 @@ data() {
 }
 
 fit() {
-  # shard-00000 is held out (greedy tau on it is logged); train on the others present now
-  local shards=()
-  for f in "$FEATS"/shard-*.safetensors; do
-    [[ $f == */shard-00000.safetensors ]] || shards+=("$f")
-  done
+  # shard-00000 is held out (greedy tau on it is logged); training re-globs the other shards
+  # every 100 steps while capture is still writing them
   python -m dflash2_gguf.train fit --target "$TARGET" "${SHAPE[@]}" --block-size 8 \
-    --selector-rank 128 --selector-top-k 16 --vocab data --shards "${shards[@]}" \
-    --eval-shards "$FEATS/shard-00000.safetensors" --eval-every ${EVAL_EVERY:-500} \
+    --selector-rank 128 --selector-top-k 16 --vocab data --shards "$FEATS/shard-*.safetensors" \
+    --reload-shards-every 100 \
+    --eval-shards "$FEATS/shard-00000.safetensors" --eval-every ${EVAL_EVERY:-200} \
     --steps ${STEPS:-6000} --lr ${LR:-1e-3} --warmup 100 --batch-size ${BS:-4} --max-len 512 \
-    --anchors ${ANCHORS:-24} --save-every ${SAVE_EVERY:-100} --threads 2 --out "$RUN"
+    --anchors ${ANCHORS:-16} --save-every ${SAVE_EVERY:-50} --threads 2 --out "$RUN"
 }
 
 case "${1:-status}" in

@@ -136,7 +136,8 @@ def cmd_fit(args) -> int:
     from .model import DFlash2Config
 
     info = _target_info(args.target)
-    shards = sorted(p for pat in args.shards for p in glob.glob(pat))
+    held = {str(Path(p).resolve()) for pat in args.eval_shards for p in glob.glob(pat)}
+    shards = sorted(p for pat in args.shards for p in glob.glob(pat) if str(Path(p).resolve()) not in held)
     if not shards:
         raise SystemExit(f"no shard matches {args.shards}")
     cfg = DFlash2Config.for_target(info, num_hidden_layers=args.layers, block_size=args.block_size,
@@ -150,7 +151,8 @@ def cmd_fit(args) -> int:
                        autocast_dtype="bfloat16" if args.bf16 else None, seed=args.seed,
                        eval_shards=sorted(p for pat in args.eval_shards for p in glob.glob(pat)),
                        eval_every=args.eval_every, vocab=args.vocab, threads=args.threads,
-                       lr_total_steps=args.lr_total_steps)
+                       lr_total_steps=args.lr_total_steps, shard_globs=list(args.shards),
+                       reload_every=args.reload_shards_every)
     _, state = train(cfg, tcfg)
     last = next((h for h in reversed(state.history) if "loss" in h), {})
     tau = next((h for h in reversed(state.history) if "tau" in h), None)
@@ -233,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="softmax over the full vocabulary (the authors' objective) or over the "
                         "token ids present in the shards (much cheaper output head on CPU)")
     f.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    f.add_argument("--reload-shards-every", type=int, default=0,
+                   help="re-glob --shards every N steps (data capture still running); the "
+                        "--eval-shards files are always left out of training")
     f.add_argument("--lr-total-steps", type=int, default=None,
                    help="steps of the cosine schedule (default --steps); lets --steps stop "
                         "earlier or later without changing the schedule")

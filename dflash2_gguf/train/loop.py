@@ -65,6 +65,8 @@ class TrainConfig:
     vocab: str = "full"                 # "data": softmax over the token ids present in the shards
     threads: int | None = None          # torch CPU threads (None: torch's default)
     lr_total_steps: int | None = None   # length of the cosine schedule (None: steps)
+    shard_globs: Sequence[str] = ()     # with reload_every: re-glob these for new shards
+    reload_every: int = 0               # steps between re-globs (0: never; data still growing)
     extra: dict = field(default_factory=dict)
 
 
@@ -143,13 +145,19 @@ def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
     device = torch.device(cfg.device)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    vocab = None
-    if cfg.vocab == "data":
-        vocab = torch.unique(torch.cat([t.long() for t in data._tokens])).to(device)
-        print(f"training vocabulary: {len(vocab)} token ids present in the shards "
-              f"(of {model_cfg.vocab_size})", flush=True)
-    elif cfg.vocab != "full":
+    if cfg.vocab not in ("full", "data"):
         raise ValueError("TrainConfig.vocab must be 'full' or 'data'")
+
+    def data_vocab(d: FeatureShards):
+        if cfg.vocab != "data":
+            return None
+        v = torch.unique(torch.cat([t.long() for t in d._tokens])).to(device)
+        print(f"training on {len(d.paths)} shard(s), {len(d)} sequences, {d.n_tokens} tokens; "
+              f"vocabulary: {len(v)} token ids present in the shards (of {model_cfg.vocab_size})",
+              flush=True)
+        return v
+
+    vocab = data_vocab(data)
     torch.manual_seed(cfg.seed)
     model = model if model is not None else DFlash2Drafter(model_cfg)
     model.set_target_weights(target_weights[0], target_weights[1])
@@ -186,6 +194,15 @@ def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
     model.train()
     end = cfg.steps if cfg.stop_at is None else min(cfg.steps, cfg.stop_at)
     while step < end:
+        if cfg.reload_every and cfg.shard_globs and step % cfg.reload_every == 0:
+            import glob
+
+            held = {str(Path(p).resolve()) for p in cfg.eval_shards}
+            found = sorted(p for pat in cfg.shard_globs for p in glob.glob(pat)
+                           if str(Path(p).resolve()) not in held)
+            if len(found) > len(data.paths):
+                data = FeatureShards(found)
+                vocab = data_vocab(data)
         batch = data.sample_batch(cfg.batch_size, cfg.max_len, gen).to(device)
         with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
             res = dflash2_loss(model, batch, cfg.anchors_per_seq, gamma=cfg.gamma,
