@@ -176,6 +176,8 @@ class DFlashDecoder:
         flash_attn: None = llama.cpp auto, True/False to force.
         kv_f32_draft: F32 drafter K/V cache instead of F16 (bit-level parity work).
         capture: ``"auto"`` | ``"layer_inp"`` | ``"cb_eval"`` feature capture path.
+        verbose: Print llama.cpp's own log (model loading, contexts) to stderr; otherwise only
+            its errors. The setting is process-wide (``llama_log_set``).
 
     Raises:
         FileNotFoundError: a path does not exist.
@@ -204,6 +206,7 @@ class DFlashDecoder:
         flash_attn: Optional[bool] = None,
         kv_f32_draft: bool = False,
         capture: str = "auto",
+        verbose: bool = False,
     ) -> None:
         self._engine = None
         self._lock = threading.Lock()
@@ -215,6 +218,8 @@ class DFlashDecoder:
         from ._native_loader import native
 
         n = native()
+        # llama.cpp's loader logs go to stderr only when asked (errors always do).
+        n.set_log_level(1 if verbose else 4)
         o = n.EngineOptions()
         o.target_path = str(target)
         o.drafter_path = "" if drafter is None else str(drafter)

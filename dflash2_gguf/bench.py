@@ -639,7 +639,7 @@ def run_from_args(args) -> int:
         n_threads=args.threads, n_ctx=args.ctx_size,
         decoder_kwargs=dict(n_ctx_draft=args.ctx_size_draft, n_threads_draft=args.threads_draft,
                             n_gpu_layers=args.n_gpu_layers, n_gpu_layers_draft=args.n_gpu_layers_draft,
-                            capture=args.capture),
+                            capture=args.capture, verbose=args.verbose),
         warmup=not args.no_warmup, upstream=args.upstream, prompt_lookup=args.prompt_lookup,
         progress=not args.no_progress,
     )

@@ -34,6 +34,7 @@ def add_model_args(p: argparse.ArgumentParser, *, drafter_required: bool = True)
     p.add_argument("-ngld", "--n-gpu-layers-draft", type=int, default=None, help="drafter layers on GPU")
     p.add_argument("--capture", choices=("auto", "layer_inp", "cb_eval"), default="auto",
                    help="target feature capture path (default: from the target architecture)")
+    p.add_argument("-v", "--verbose", action="store_true", help="print llama.cpp's log to stderr")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -55,7 +56,7 @@ def open_decoder(args: argparse.Namespace):
         args.model, drafter, n_ctx=args.ctx_size, n_ctx_draft=args.ctx_size_draft,
         n_threads=args.threads, n_threads_draft=args.threads_draft,
         n_gpu_layers=args.n_gpu_layers, n_gpu_layers_draft=args.n_gpu_layers_draft,
-        capture=args.capture,
+        capture=args.capture, verbose=args.verbose,
     )
 
 

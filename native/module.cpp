@@ -10,12 +10,30 @@
 #include <nanobind/stl/vector.h>
 
 #include "driver.h"
+
+#include <atomic>
+#include <cstdio>
 #include "llama_ext_pinned.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace {
+
+// llama.cpp / ggml log filter (process-wide, as llama_log_set is). Default: errors only, so a
+// library user does not get thousands of loader lines on stderr; `verbose` shows everything.
+std::atomic<int> g_log_min_level{GGML_LOG_LEVEL_ERROR};
+std::atomic<bool> g_log_last_shown{false};
+
+void log_filter(ggml_log_level level, const char * text, void *) {
+    if (level == GGML_LOG_LEVEL_CONT) {  // continuation of the previous message
+        if (g_log_last_shown) std::fputs(text, stderr);
+        return;
+    }
+    const bool show = (int) level >= g_log_min_level.load();
+    g_log_last_shown = show;
+    if (show) std::fputs(text, stderr);
+}
 
 PyObject * g_error_factory = nullptr;  // callable(message, code, rc) -> exception instance
 
@@ -62,6 +80,12 @@ NB_MODULE(_native, m) {
           "llama_version() of the libllama this module is linked to.");
     m.def("check_libllama", &dflash2::check_libllama,
           "Empty string if the loaded libllama is the pinned build, else the reason it is not.");
+    m.def("set_log_level", [](int min_level) {
+        g_log_min_level = min_level;
+        llama_log_set(log_filter, nullptr);
+    }, "min_level"_a,
+    "Route llama.cpp/ggml logs through a filter that prints messages of ggml_log_level >= "
+    "min_level to stderr (1 debug, 2 info, 3 warn, 4 error). Process-wide.");
     m.def("_set_error_factory", [](nb::object f) {
         Py_XDECREF(g_error_factory);
         g_error_factory = f.release().ptr();

@@ -65,7 +65,7 @@ def settings_from_args(args: argparse.Namespace):
     return ServerSettings(
         model=args.model, model_draft=md, n_ctx=args.ctx_size, n_ctx_draft=args.ctx_size_draft,
         n_threads=args.threads, n_threads_draft=args.threads_draft, n_gpu_layers=args.n_gpu_layers,
-        n_gpu_layers_draft=args.n_gpu_layers_draft, capture=args.capture, n_draft_max=args.spec_draft_n_max,
+        n_gpu_layers_draft=args.n_gpu_layers_draft, capture=args.capture, verbose=args.verbose, n_draft_max=args.spec_draft_n_max,
         p_min=args.spec_draft_p_min, api_key=args.api_key or None, alias=args.alias, max_queue=args.queue_size,
     )
 

@@ -80,6 +80,7 @@ class ServerSettings:
     n_gpu_layers: int = 0
     n_gpu_layers_draft: Optional[int] = None
     capture: str = "auto"
+    verbose: bool = False
     n_draft_max: Optional[int] = None
     p_min: float = 0.0
     api_key: Optional[str] = None
@@ -100,7 +101,7 @@ class ServerSettings:
             self.model, self.model_draft, n_ctx=self.n_ctx, n_ctx_draft=self.n_ctx_draft,
             n_threads=self.n_threads, n_threads_draft=self.n_threads_draft,
             n_gpu_layers=self.n_gpu_layers, n_gpu_layers_draft=self.n_gpu_layers_draft,
-            capture=self.capture,
+            capture=self.capture, verbose=self.verbose,
         )
 
 
