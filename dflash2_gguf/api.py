@@ -27,7 +27,7 @@ import ctypes
 import dataclasses
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 __all__ = ["main", "SUBCOMMANDS", "build_parser", "add_model_args", "add_sampling_args"]
 
