@@ -128,6 +128,7 @@ def _diff(ours: dict, theirs: dict, prefix: str) -> dict[str, tuple[object, obje
 @pytest.mark.parametrize("case,outtype", PAIRS, ids=[f"{c}-{o}" for c, o in PAIRS])
 def test_matches_upstream(case, outtype, checkpoints, hf_target, upstream_dir, smollm2_gguf,
                           tmp_path):
+    """Ours (target GGUF) and upstream (HF target folder) write the same keys and tensors."""
     src = checkpoints[case]
     theirs_path = up.run_upstream_converter(src, hf_target, tmp_path / "upstream.gguf",
                                             outtype=outtype, timeout=600)
