@@ -28,7 +28,6 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -60,21 +59,11 @@ _NEEDED = ("convert_hf_to_gguf.py", "LICENSE", "conversion/", "gguf-py/gguf/", "
 _MARKER = ".complete"
 
 
+from dflash2_gguf.assets import sha256_file, cache_dir  # noqa: E402  (one cache root, one hasher)
+
+
 class UpstreamUnavailable(RuntimeError):
     """Upstream's converter could not be obtained (registry unreachable, bad download)."""
-
-
-def cache_dir() -> Path:
-    """Cache root: ``$DFLASH2_GGUF_CACHE`` or ``~/.cache/dflash2-gguf`` (shared with assets)."""
-    return Path(os.environ.get("DFLASH2_GGUF_CACHE", Path.home() / ".cache" / "dflash2-gguf"))
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _download_sdist(dest: Path, quiet: bool) -> Path:
@@ -124,7 +113,7 @@ def fetch_upstream(*, quiet: bool = True, needed: tuple[str, ...] | None = _NEED
     with tempfile.TemporaryDirectory(dir=root.parent, prefix=".upstream-") as tmp:
         tmp_path = Path(tmp)
         sdist = _download_sdist(tmp_path / "dl", quiet)
-        digest = _sha256(sdist)
+        digest = sha256_file(sdist)
         if digest != SDIST_SHA256:
             raise UpstreamUnavailable(f"{_SDIST}: sha256 {digest}, expected {SDIST_SHA256}")
         stage = tmp_path / "stage"

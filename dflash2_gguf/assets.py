@@ -25,7 +25,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Asset", "ASSETS", "AssetError", "cache_dir", "fetch"]
+__all__ = ["Asset", "ASSETS", "AssetError", "cache_dir", "fetch", "sha256_file"]
 
 
 class AssetError(RuntimeError):
@@ -126,7 +126,8 @@ def cache_dir() -> Path:
     return Path(os.environ.get("DFLASH2_GGUF_CACHE", Path.home() / ".cache" / "dflash2-gguf"))
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of the file at ``path``, read in 4 MiB chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 22), b""):
@@ -194,7 +195,7 @@ def fetch(name: str, *, quiet: bool = False) -> Path:
         size = partial.stat().st_size
         if asset.size is not None and size != asset.size:
             raise AssetError(f"{name}: assembled {size} bytes, expected {asset.size}")
-        digest = _sha256(partial)
+        digest = sha256_file(partial)
         if digest != asset.sha256:
             raise AssetError(f"{name}: sha256 {digest} does not match the pinned {asset.sha256}")
         os.replace(partial, out)
