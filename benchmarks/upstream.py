@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from dflash2_gguf.assets import cache_dir, sha256_file  # one cache root, one hasher
+
 __all__ = [
     "UPSTREAM_COMMIT", "UPSTREAM_OUTTYPES", "UpstreamUnavailable", "cache_dir", "fetch_upstream",
     "upstream_env", "run_upstream_converter", "hf_target_from_gguf", "write_hf_target",
@@ -57,9 +59,6 @@ _VENDOR = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
 # Paths under vendor/llama.cpp/ that the converter reads (files, or folders ending in "/").
 _NEEDED = ("convert_hf_to_gguf.py", "LICENSE", "conversion/", "gguf-py/gguf/", "models/templates/")
 _MARKER = ".complete"
-
-
-from dflash2_gguf.assets import sha256_file, cache_dir  # noqa: E402  (one cache root, one hasher)
 
 
 class UpstreamUnavailable(RuntimeError):
