@@ -105,6 +105,12 @@ class ServerSettings:
         )
 
 
+def _client_gone(job: Job) -> APIError:
+    """Cancel ``job`` whose client disconnected; the error to raise (499, as nginx logs it)."""
+    job.cancel()
+    return APIError(499, "client closed the request", "invalid_request_error", None, "client_disconnected")
+
+
 def _timings(st: Any) -> dict:
     """llama-server's ``timings`` object (plus ``acceptance_length`` and ``n_cycles``)."""
     pre_ms = st.t_prefill_s * 1000.0
@@ -182,14 +188,22 @@ class _Service:
                     raise APIError(503, f"the model worker stopped: {self.worker.unavailable_reason()}",
                                    "server_error", None, "unavailable") from None
                 if request is not None and await request.is_disconnected():
-                    job.cancel()  # nobody reads the answer: 499 as nginx logs it
-                    raise APIError(499, "client closed the request", "invalid_request_error", None,
-                                   "client_disconnected")
+                    raise _client_gone(job)
 
     async def collect(self, job: Job, first: tuple, request: Request) -> tuple[str, list, Any]:
-        """Run a job to its end; returns (text, tokens, stats)."""
+        """Run a job to its end; returns (text, tokens, stats).
+
+        The client's connection is checked every ``poll_s`` even while chunks keep arriving
+        (``next`` only checks when the worker is silent), so a client that gives up on a
+        non-streaming request cancels its generation.
+        """
         text, toks, item = [], [], first
+        last_check = time.monotonic()
         while True:
+            if time.monotonic() - last_check >= self.settings.poll_s:
+                last_check = time.monotonic()
+                if await request.is_disconnected():
+                    raise _client_gone(job)
             kind, val = item
             if kind == "error":
                 raise from_exception(val)
