@@ -383,9 +383,12 @@ def convert_hf_to_gguf(src, target, outfile=None, outtype: str = "f16", force: b
             os.close(fd)
             tmp_paths.append(Path(tmp2))
             _k_quantize(Path(tmp), Path(tmp2), llama_ftype, plan)
-            os.replace(tmp2, out)
-        else:
-            os.replace(tmp, out)
+            tmp = tmp2
+        # mkstemp creates 0600; the output gets the usual mode of a new file (0666 & ~umask).
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, out)
     finally:
         for t in tmp_paths:
             try:

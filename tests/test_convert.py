@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -601,6 +602,9 @@ def test_cli(tmp_path, tiny_target, capsys):
     assert cli_main(["hf-to-gguf", str(ck), "--target", str(tiny_target), "--outfile", str(out),
                      "--outtype", "bf16"]) == 0
     assert capsys.readouterr().out.strip() == str(out)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~umask  # not the temp file's 0600
     assert cli_main(["hf-to-gguf", str(ck), "--target", str(tiny_target), "--outfile", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and "exists" in err and "Traceback" not in err
