@@ -66,7 +66,66 @@ def _ggml_base():
     return lib
 
 
-class LlamaFeatureCapture:
+class _LlamaTarget:
+    """What every llama-cpp-python-backed target wrapper here shares: text helpers (``tokenize``,
+    ``chat_prompt``, ``is_eog``) and the free order of its handles (batch, context, model).
+    Subclasses set ``_L`` (the ``llama_cpp`` module), ``model``, ``ctx``, ``vocab`` and
+    ``_batch``."""
+
+    def close(self) -> None:
+        L = self._L
+        if getattr(self, "_batch", None) is not None:
+            L.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "ctx", None):
+            L.llama_free(self.ctx)
+            self.ctx = None
+        if getattr(self, "model", None):
+            L.llama_model_free(self.model)
+            self.model = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- text helpers -------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        L = self._L
+        raw = text.encode()
+        buf = (L.llama_token * (len(raw) + 8))()
+        n = L.llama_tokenize(self.vocab, raw, len(raw), buf, len(buf), add_special, parse_special)
+        if n < 0:
+            buf = (L.llama_token * (-n))()
+            n = L.llama_tokenize(self.vocab, raw, len(raw), buf, len(buf), add_special, parse_special)
+        return list(buf[:n])
+
+    def chat_prompt(self, messages: Sequence[dict]) -> str:
+        """The model's own chat template (llama.cpp's built-in detection) + assistant prefix."""
+        L = self._L
+        tmpl = L.llama_model_chat_template(self.model, None)
+        if not tmpl:
+            raise ValueError("the target GGUF has no chat template")
+        keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
+        arr = (L.llama_chat_message * len(keep))(*[L.llama_chat_message(role=r, content=c) for r, c in keep])
+        size = 4 * sum(len(c) for _, c in keep) + 1024
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(size)
+            n = L.llama_chat_apply_template(tmpl, arr, len(keep), True, buf, size)
+            if n < 0:
+                raise ValueError("llama_chat_apply_template failed")
+            if n <= size:
+                return buf.raw[:n].decode("utf-8", errors="replace")
+            size = n + 1
+        raise RuntimeError("chat template output did not fit")  # pragma: no cover
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._L.llama_vocab_is_eog(self.vocab, int(token)))
+
+
+class LlamaFeatureCapture(_LlamaTarget):
     """A target GGUF loaded through llama-cpp-python with ``l_out`` capture.
 
     Args:
@@ -147,24 +206,6 @@ class LlamaFeatureCapture:
 
     # -- running the target -------------------------------------------------------------------
 
-    def close(self) -> None:
-        L = self._L
-        if getattr(self, "_batch", None) is not None:
-            L.llama_batch_free(self._batch)
-            self._batch = None
-        if getattr(self, "ctx", None):
-            L.llama_free(self.ctx)
-            self.ctx = None
-        if getattr(self, "model", None):
-            L.llama_model_free(self.model)
-            self.model = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     def reset(self) -> None:
         """Forget the KV cache (start a new sequence at position 0)."""
         self._L.llama_memory_clear(self._L.llama_get_memory(self.ctx), True)
@@ -213,40 +254,6 @@ class LlamaFeatureCapture:
                                    f"{(len(tokens), self.n_embd)}")
             feats.append(f)
         return np.concatenate(feats, axis=1), logits_arr
-
-    # -- text helpers -------------------------------------------------------------------------
-
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        L = self._L
-        raw = text.encode()
-        buf = (L.llama_token * (len(raw) + 8))()
-        n = L.llama_tokenize(self.vocab, raw, len(raw), buf, len(buf), add_special, parse_special)
-        if n < 0:
-            buf = (L.llama_token * (-n))()
-            n = L.llama_tokenize(self.vocab, raw, len(raw), buf, len(buf), add_special, parse_special)
-        return list(buf[:n])
-
-    def chat_prompt(self, messages: Sequence[dict]) -> str:
-        """The model's own chat template (llama.cpp's built-in detection) + assistant prefix."""
-        L = self._L
-        tmpl = L.llama_model_chat_template(self.model, None)
-        if not tmpl:
-            raise ValueError("the target GGUF has no chat template")
-        keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
-        arr = (L.llama_chat_message * len(keep))(*[L.llama_chat_message(role=r, content=c) for r, c in keep])
-        size = 4 * sum(len(c) for _, c in keep) + 1024
-        for _ in range(2):
-            buf = ctypes.create_string_buffer(size)
-            n = L.llama_chat_apply_template(tmpl, arr, len(keep), True, buf, size)
-            if n < 0:
-                raise ValueError("llama_chat_apply_template failed")
-            if n <= size:
-                return buf.raw[:n].decode("utf-8", errors="replace")
-            size = n + 1
-        raise RuntimeError("chat template output did not fit")  # pragma: no cover
-
-    def is_eog(self, token: int) -> bool:
-        return bool(self._L.llama_vocab_is_eog(self.vocab, int(token)))
 
 
 def generate_and_capture(cap: LlamaFeatureCapture, prompt_tokens: Sequence[int], max_new_tokens: int

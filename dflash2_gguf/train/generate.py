@@ -38,6 +38,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from .capture import _LlamaTarget
+
 __all__ = ["BatchedGreedyGenerator", "prompt_tokens", "generate_capture_shards"]
 
 
@@ -51,7 +53,7 @@ def prompt_tokens(cap_or_gen, text: str) -> list[int]:
     return ptoks
 
 
-class BatchedGreedyGenerator:
+class BatchedGreedyGenerator(_LlamaTarget):
     """Greedy decoding of many sequences per ``llama_decode`` (llama-cpp-python ctypes API).
 
     Args:
@@ -138,31 +140,6 @@ class BatchedGreedyGenerator:
             self._g.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, out.nbytes)
             self._chunks[idx].append(out)
         return True
-
-    # -- helpers shared with LlamaFeatureCapture --------------------------------------------
-    tokenize = None  # set below (same code as the capture class)
-    chat_prompt = None
-
-    def is_eog(self, token: int) -> bool:
-        return bool(self._L.llama_vocab_is_eog(self.vocab, int(token)))
-
-    def close(self) -> None:
-        L = self._L
-        if getattr(self, "_batch", None) is not None:
-            L.llama_batch_free(self._batch)
-            self._batch = None
-        if getattr(self, "ctx", None):
-            L.llama_free(self.ctx)
-            self.ctx = None
-        if getattr(self, "model", None):
-            L.llama_model_free(self.model)
-            self.model = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     # -- generation ----------------------------------------------------------------------------
 
@@ -267,15 +244,6 @@ class BatchedGreedyGenerator:
                     yield slot["key"], slot["gen"]
         st["seconds"] = time.perf_counter() - t0
 
-
-def _share_text_helpers() -> None:
-    from .capture import LlamaFeatureCapture
-
-    BatchedGreedyGenerator.tokenize = LlamaFeatureCapture.tokenize
-    BatchedGreedyGenerator.chat_prompt = LlamaFeatureCapture.chat_prompt
-
-
-_share_text_helpers()
 
 
 # ------------------------------------------------------------------------------------------
