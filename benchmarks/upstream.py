@@ -59,6 +59,7 @@ _VENDOR = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
 # Paths under vendor/llama.cpp/ that the converter reads (files, or folders ending in "/").
 _NEEDED = ("convert_hf_to_gguf.py", "LICENSE", "conversion/", "gguf-py/gguf/", "models/templates/")
 _MARKER = ".complete"
+_HF_MARKER = ".complete-hf-3"  # bumped when the HF target folder layout changes
 
 
 class UpstreamUnavailable(RuntimeError):
@@ -211,9 +212,28 @@ def write_hf_target(dest: str | Path, tokenizer_from: str | Path, config: dict) 
     return dest
 
 
-# GGUF ``tokenizer.ggml.pre`` values whose pre-tokenizer is plain GPT-2 byte-level BPE as far as
-# upstream's fingerprint (``chkhsh``) sees it; the HF files below reproduce them exactly.
-_BYTE_LEVEL_PRES = ("smollm", "gpt2", "default")
+# GGUF ``tokenizer.ggml.pre`` values -> the ``tokenizer.json`` pre-tokenizer (and normalizer) of
+# the released tokenizers they come from, so upstream's fingerprint (``chkhsh``: the token ids of a
+# probe text) of the rebuilt tokenizer names the same ``pre``.
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _pre_tokenizer(pre: str):
+    """(pre_tokenizer, normalizer or None) for a GGUF ``tokenizer.ggml.pre``; None if unknown."""
+    from tokenizers import Regex, normalizers, pre_tokenizers
+
+    if pre in ("gpt2", "gpt-2", "default"):
+        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True), None
+    if pre == "smollm":   # SmolLM / StarCoder: single digits, then GPT-2's byte-level regex
+        return pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]), None
+    if pre == "qwen2":    # Qwen2 / 2.5 / 3: one split regex, NFC, byte-level without regex
+        return pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]), normalizers.NFC()
+    return None
 
 
 def _gguf_strings(field) -> list[str]:
@@ -228,16 +248,21 @@ def _write_bpe_tokenizer(reader, dest: Path) -> None:
     version (transformers 5.15.0's GGUF loader turns SmolLM2's byte-level BPE into a
     byte-fallback model with the wrong eos; 5.24.0's is right).
     """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Tokenizer, decoders, models
 
     f = reader.fields
     tokens = _gguf_strings(f["tokenizer.ggml.tokens"])
     types = [int(f["tokenizer.ggml.token_type"].parts[i][0]) for i in f["tokenizer.ggml.token_type"].data]
     merges = [tuple(m.split(" ", 1)) for m in _gguf_strings(f["tokenizer.ggml.merges"])]
-    bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
+    # UNUSED (5) ids are padding an older converter wrote up to config.vocab_size: the released
+    # tokenizer does not define them
+    bpe = models.BPE(vocab={t: i for i, (t, ty) in enumerate(zip(tokens, types)) if ty != 5}, merges=merges,
                      byte_fallback=False, fuse_unk=False)
     tok = Tokenizer(bpe)
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    pre = bytes(f["tokenizer.ggml.pre"].parts[f["tokenizer.ggml.pre"].data[0]]).decode()
+    tok.pre_tokenizer, norm = _pre_tokenizer(pre)
+    if norm is not None:
+        tok.normalizer = norm
     tok.decoder = decoders.ByteLevel()
     # CONTROL (3) tokens are special; USER_DEFINED (4) are added but not special.
     added = [AddedToken(t, special=(ty == 3), normalized=False)
@@ -273,8 +298,8 @@ def hf_target_from_gguf(gguf_path: str | Path, dest: str | Path | None = None) -
       (``AutoConfig.from_pretrained(dir, gguf_file=...)``), without the GGUF's
       ``quantization_config`` and with ``architectures`` filled in (upstream picks the target's
       vocab handler by it);
-    - the tokenizer: for GGUF ``gpt2`` BPE tokenizers with a byte-level pre-tokenizer
-      (SmolLM2's ``smollm``), ``tokenizer.json`` built with ``tokenizers`` from the GGUF's own
+    - the tokenizer: for GGUF ``gpt2`` BPE tokenizers whose pre-tokenizer :func:`_pre_tokenizer`
+      knows (SmolLM2's ``smollm``, Qwen2.5's ``qwen2``), ``tokenizer.json`` built with ``tokenizers`` from the GGUF's own
       tokens and merges (see :func:`_write_bpe_tokenizer`); other tokenizers go through
       ``AutoTokenizer.from_pretrained(dir, gguf_file=...).save_pretrained`` (its output varies
       with the transformers version).
@@ -283,7 +308,7 @@ def hf_target_from_gguf(gguf_path: str | Path, dest: str | Path | None = None) -
     """
     gguf_path = Path(gguf_path)
     dest = Path(dest) if dest else cache_dir() / f"hf-target-{gguf_path.stem}"
-    if (dest / _MARKER).is_file():
+    if (dest / _HF_MARKER).is_file():
         return dest
     from gguf import GGUFReader
     from transformers import AutoConfig
@@ -298,7 +323,7 @@ def hf_target_from_gguf(gguf_path: str | Path, dest: str | Path | None = None) -
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".hf-target-") as tmp:
         stage = Path(tmp) / "t"
         stage.mkdir()
-        if kv_str("tokenizer.ggml.model") == "gpt2" and kv_str("tokenizer.ggml.pre") in _BYTE_LEVEL_PRES:
+        if kv_str("tokenizer.ggml.model") == "gpt2" and _pre_tokenizer(kv_str("tokenizer.ggml.pre")):
             _write_bpe_tokenizer(reader, stage)
         else:
             from transformers import AutoTokenizer
@@ -313,7 +338,7 @@ def hf_target_from_gguf(gguf_path: str | Path, dest: str | Path | None = None) -
         config = json.loads((stage / "config.json").read_text())
         config.pop("quantization_config", None)
         (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        (stage / _MARKER).write_text(f"from {gguf_path.name}\n")
+        (stage / _HF_MARKER).write_text(f"from {gguf_path.name}\n")
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(stage, dest)

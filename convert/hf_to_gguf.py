@@ -322,7 +322,9 @@ def convert_hf_to_gguf(src, target, outfile=None, outtype: str = "f16", force: b
             fetched with ``huggingface_hub.snapshot_download`` (honours ``HF_HUB_OFFLINE`` and
             the hub cache).
         target: The target's GGUF (sizes checked, whole tokenizer copied), or an HF target
-            folder (sizes checked only; then a ConversionError asks for the GGUF).
+            folder (sizes from ``config.json``; a byte-level BPE ``tokenizer.json`` is turned
+            into GGUF tokenizer keys by :mod:`convert.hf_tokenizer`, any other tokenizer raises
+            a ConversionError asking for the GGUF).
         outfile: Output path; default ``<src>/<src name>-<OUTTYPE>.gguf`` (hub ids: current
             folder).
         outtype: ``f32``, ``f16``, ``bf16``, ``q8_0``, ``q4_0``, ``q4_k_m``, ``q5_k_m``, ``q6_k``.

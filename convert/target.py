@@ -2,9 +2,9 @@
 
 A target GGUF gives everything: ``{arch}.embedding_length``, ``{arch}.block_count``, the vocab
 (``tokenizer.ggml.tokens``) and every ``tokenizer.*`` key with its exact GGUF value type.
-An HF target folder (``config.json``) is enough for the checks only: converting its
-``tokenizer.json`` into GGUF tokenizer keys needs llama.cpp's per-model vocab code, so
-:meth:`Target.tokenizer_fields` raises :class:`ConversionError` asking for the target GGUF.
+An HF target folder gives the sizes from ``config.json`` and, for byte-level BPE tokenizers
+(Llama 3, Qwen2/3, SmolLM, GPT-2 kinds), the tokenizer keys built from ``tokenizer.json`` by
+:mod:`convert.hf_tokenizer`; other tokenizers need the target GGUF.
 """
 
 from __future__ import annotations
@@ -41,14 +41,17 @@ class Target:
     def tokenizer_fields(self) -> list[KV]:
         """The target's ``tokenizer.*`` keys (not its mask token id), in file order.
 
+        A target GGUF's keys are copied verbatim (exact value types); an HF folder's are built
+        from its ``tokenizer.json`` (:func:`convert.hf_tokenizer.hf_tokenizer_fields`), once.
+
         Raises:
-            ConversionError: the target is an HF folder (pass the target GGUF instead).
+            ConversionError: an HF folder whose tokenizer is not byte-level BPE with a known
+                pre-tokenizer (the message says to pass the target GGUF instead).
         """
         if self._tokenizer is None:
-            raise ConversionError(
-                f"target {self.path} is a Hugging Face folder: its sizes were checked, but copying "
-                "its tokenizer into the drafter GGUF needs the target's GGUF; pass the target "
-                ".gguf file as --target instead")
+            from .hf_tokenizer import hf_tokenizer_fields
+
+            self._tokenizer = hf_tokenizer_fields(self.path, self.n_vocab)
         return self._tokenizer
 
 

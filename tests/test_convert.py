@@ -565,11 +565,11 @@ def test_bad_options_and_targets(tmp_path, tiny_target, monkeypatch):
     assert GGUFReader(existing).fields["general.architecture"]
     existing.unlink()
 
-    # HF target folder: the checks run, then the tokenizer part asks for the GGUF
+    # HF target folder: the checks run, then a folder without tokenizer.json asks for the GGUF
     hf = tmp_path / "hf-target"
     hf.mkdir()
     (hf / "config.json").write_text(json.dumps({"hidden_size": 512, "num_hidden_layers": 8, "vocab_size": 49152}))
-    with pytest.raises(ConversionError, match="pass the target .gguf"):
+    with pytest.raises(ConversionError, match="no tokenizer.json; pass the target's GGUF"):
         convert_hf_to_gguf(ck, hf, outfile=out_dir / "x.gguf")
     (hf / "config.json").write_text(json.dumps({"hidden_size": 1024, "num_hidden_layers": 8, "vocab_size": 49152}))
     with pytest.raises(ConversionError, match="hidden size 512 != target embedding length 1024"):

@@ -12,6 +12,11 @@ For each case and outtype (f32, f16, bf16, q8_0: all that upstream has) the two 
 - ``general.*`` keys that differ only in :data:`ALLOWED_GENERAL_DIFFS` (differences printed);
 - the same tensors: names, shapes, ggml types and bytes.
 
+Then both converters get the same HF target folders (SmolLM2 and Qwen2.5-Coder, tokenizers
+rebuilt from the real GGUFs with the released tokenizers' pre-tokenizers) and must write identical
+files, ``tokenizer.*`` included with no exception: the HF-folder tokenizer path
+(:mod:`convert.hf_tokenizer`) against upstream's ``_set_vocab_gpt2``.
+
 Needs the package registry once (then cached), plus torch, transformers, sentencepiece and
 tokenizers for upstream's converter. Skips only when the registry cannot be reached.
 """
@@ -134,6 +139,35 @@ def test_matches_upstream(case, outtype, checkpoints, hf_target, upstream_dir, s
                                             outtype=outtype, timeout=600)
     ours_path = convert_hf_to_gguf(src, smollm2_gguf, outfile=tmp_path / "ours.gguf",
                                    outtype=outtype)
+    _assert_same_file(ours_path, theirs_path, f"{case}-{outtype}", ALLOWED_TOKENIZER_ONLY_OURS)
+
+
+_QWEN = dict(hidden_size=896, intermediate_size=4864, num_heads=14, num_kv_heads=2, head_dim=64,
+             vocab_size=151936, target_layer_ids=(1, 12, 22), num_target_layers=24, num_layers=1,
+             mask_token_id=151665, selector_rank=32)
+
+#: HF target folders (rebuilt offline from the real GGUFs with the released tokenizers'
+#: pre-tokenizers) -> (GGUF fixture, drafter shape).
+HF_TARGETS = {"smollm2": ("smollm2_gguf", _SMOL), "qwen2.5-coder": ("qwen25_05b_gguf", _QWEN)}
+
+
+@pytest.mark.parametrize("name", sorted(HF_TARGETS))
+def test_hf_target_folder_matches_upstream(name, request, upstream_dir, tmp_path):
+    """Both converters given the same HF target folder write identical files, tokenizer included
+    (upstream names ``tokenizer.ggml.pre`` by hashing token ids, ours from the split rules)."""
+    fixture, shape = HF_TARGETS[name]
+    hf = up.hf_target_from_gguf(request.getfixturevalue(fixture))
+    src = make_dflash_checkpoint(tmp_path / "ck", version=2, **shape)
+    theirs_path = up.run_upstream_converter(src, hf, tmp_path / "upstream.gguf", outtype="f16",
+                                            timeout=600)
+    ours_path = convert_hf_to_gguf(src, hf, outfile=tmp_path / "ours.gguf", outtype="f16")
+    _assert_same_file(ours_path, theirs_path, f"hf-{name}", frozenset())
+
+
+def _assert_same_file(ours_path: Path, theirs_path: Path, label: str,
+                      tokenizer_only_ours: frozenset[str]) -> None:
+    """Same dflash.* and tokenizer.* keys (but ``tokenizer_only_ours``), allowed general.* diffs,
+    no other keys, the same tensors (names, types, shapes, bytes)."""
     ours_r, theirs_r = GGUFReader(ours_path), GGUFReader(theirs_path)
     ours, theirs = _fields(ours_r), _fields(theirs_r)
 
@@ -141,7 +175,7 @@ def test_matches_upstream(case, outtype, checkpoints, hf_target, upstream_dir, s
 
     general = _diff(ours, theirs, "general.")
     for k, (a, b) in general.items():
-        print(f"[{case}-{outtype}] general differs: {k}: ours={_short(a)} upstream={_short(b)}")
+        print(f"[{label}] general differs: {k}: ours={_short(a)} upstream={_short(b)}")
     assert set(general) <= ALLOWED_GENERAL_DIFFS, f"new general.* differences: {sorted(set(general) - ALLOWED_GENERAL_DIFFS)}"
 
     dflash = _diff(ours, theirs, "dflash.")
@@ -150,9 +184,9 @@ def test_matches_upstream(case, outtype, checkpoints, hf_target, upstream_dir, s
 
     tok = _diff(ours, theirs, "tokenizer.")
     for k, (a, b) in tok.items():
-        print(f"[{case}-{outtype}] tokenizer differs: {k}: ours={_short(a)} upstream={_short(b)}")
+        print(f"[{label}] tokenizer differs: {k}: ours={_short(a)} upstream={_short(b)}")
     unexpected = {k: v for k, v in tok.items()
-                  if not (k in ALLOWED_TOKENIZER_ONLY_OURS and v[1] is None)}
+                  if not (k in tokenizer_only_ours and v[1] is None)}
     assert not unexpected, "tokenizer.* keys differ (ours, upstream):\n" + "\n".join(
         f"  {k}: {_short(a)} | {_short(b)}" for k, (a, b) in unexpected.items())
 
@@ -173,4 +207,4 @@ def test_matches_upstream(case, outtype, checkpoints, hf_target, upstream_dir, s
             bad.append(f"{name}: {a.tensor_type.name} bytes differ")
     assert not bad, "tensors differ:\n  " + "\n  ".join(bad)
     if [t.name for t in ours_r.tensors] != [t.name for t in theirs_r.tensors]:
-        print(f"[{case}-{outtype}] tensor order differs (same set)")
+        print(f"[{label}] tensor order differs (same set)")
