@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("hf-to-gguf", parents=[common],
                        help="convert an HF drafter checkpoint (folder or hub id)")
     c.add_argument("src", help="checkpoint folder or Hugging Face hub id")
-    c.add_argument("--target", required=True, help="the target's GGUF (or HF folder, checks only)")
+    c.add_argument("--target", required=True, help="the target's GGUF, or its HF folder (config.json + a byte-level BPE tokenizer.json)")
     c.add_argument("--outfile", default=None, help="output .gguf (default: <src>/<name>-<OUTTYPE>.gguf)")
     c.add_argument("--outtype", default="f16", choices=OUTTYPE_CHOICES)
     c.add_argument("--force", action="store_true", help="overwrite an existing output")

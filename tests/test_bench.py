@@ -146,3 +146,26 @@ def test_bench_cli_smoke(native_ext, smollm2_gguf, smollm2_drafters, tmp_path): 
     assert "| target + drafter |" in md and "Per-position conditional acceptance" in md
     png = (out / "per_position_acceptance.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # BENCHMARKS.md assembly from that run: the summary row carries its figures, the hand-written
+    # analysis survives a regeneration
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks import report as br
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (out).rename(runs / "gsm8k-t0")
+    (runs / "commands.txt").write_text("dflash2-gguf bench ... --dataset gsm8k\n")
+    bm = tmp_path / "BENCHMARKS.md"
+    assert br.main(["--runs", str(runs), "--out", str(bm), "--plot", str(tmp_path / "pp.png")]) == 0
+    text = bm.read_text()
+    row = next(ln for ln in text.splitlines() if ln.startswith("| gsm8k | 0 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "2" and cells[3] == f"{s['acceptance_length']:.3f}" and cells[8] == "0"
+    assert cells[6] == f"{s['speedup']:.2f}"
+    assert "dflash2-gguf bench ... --dataset gsm8k" in text and "pp.png" in text
+    assert (tmp_path / "pp.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bm.write_text(text.replace("(to be written after the run)", "Drafting pays on gsm8k."))
+    br.main(["--runs", str(runs), "--out", str(bm), "--plot", str(tmp_path / "pp.png")])
+    assert "Drafting pays on gsm8k." in bm.read_text()
+

@@ -1,0 +1,216 @@
+"""Assemble BENCHMARKS.md from ``dflash2-gguf bench`` runs (one folder per prompt set and T).
+
+    python -m benchmarks.report --runs bench-runs --out BENCHMARKS.md [--plot benchmarks/per_position_acceptance.png]
+
+Reads every ``<runs>/*/bench.json`` (written by ``dflash2-gguf bench --out``), and writes:
+
+- the machine (CPU model, cores, memory, llama-cpp-python version, ggml's system info line);
+- the exact commands (``<runs>/commands.txt``, written by ``scripts/benchmarks.sh``);
+- one summary row per run: requests, acceptance length tau (bonus included), tokens/s of the
+  target alone and with the drafter, speedup (time per token without / with, prefill included)
+  and decode speedup, T=0 mismatches, and the side-by-side runs when present (upstream
+  ``llama-speculative-simple``'s tau and decode speedup over ``llama-completion``; our decode
+  tokens/s with the drafter over upstream's; llama-cpp-python prompt-lookup speedup);
+- per-position conditional acceptance per run, and one plot with a line per run.
+
+Text between ``<!-- analysis -->`` and ``<!-- /analysis -->`` in an existing output file is kept:
+that is where the hand-written reading of the figures goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+from pathlib import Path
+from typing import Any, Optional
+
+KEEP_START, KEEP_END = "<!-- analysis -->", "<!-- /analysis -->"
+_SET_ORDER = ["gsm8k", "math500", "humaneval", "mbpp", "mt-bench"]
+
+
+def _f(x: Optional[float], nd: int = 2) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return a / b if a is not None and b else None
+
+
+def machine() -> str:
+    """One paragraph describing this machine (CPU, cores, memory, library versions)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kb = int(next(ln for ln in Path("/proc/meminfo").read_text().splitlines()
+                      if ln.startswith("MemTotal")).split()[1])
+        mem = f", {kb / 2**20:.0f} GiB memory"
+    except (OSError, StopIteration, ValueError):
+        pass
+    try:
+        import llama_cpp
+
+        lib = f"llama-cpp-python {llama_cpp.__version__}; ggml: `{llama_cpp.llama_print_system_info().decode().strip()}`"
+    except Exception as e:  # pragma: no cover - reported, not fatal
+        lib = f"llama-cpp-python not importable ({e})"
+    return (f"{cpu}, {os.cpu_count()} logical cores{mem}, {platform.system()} {platform.release()}, "
+            f"Python {platform.python_version()}; {lib}")
+
+
+def load_runs(runs: Path) -> list[dict]:
+    """Every ``bench.json`` under ``runs`` (one level down), in prompt-set order, T=0 first."""
+    reps = [json.loads(p.read_text()) for p in sorted(runs.glob("*/bench.json"))]
+
+    def key(r: dict) -> tuple:
+        ds = r["config"]["dataset"]
+        return (_SET_ORDER.index(ds) if ds in _SET_ORDER else 99, ds, r["config"]["temperature"])
+    return sorted(reps, key=key)
+
+
+def _side(rep: dict) -> dict[str, Any]:
+    rows = {r["name"]: r for r in (rep.get("side_by_side") or {}).get("rows", [])}
+    out: dict[str, Any] = {}
+    up_s = next((r for n, r in rows.items() if n.startswith("llama-speculative-simple")), None)
+    up_b = next((r for n, r in rows.items() if n.startswith("llama-completion")), None)
+    pl_b = rows.get("llama-cpp-python Llama (plain)")
+    pl_l = rows.get("llama-cpp-python prompt lookup")
+    if up_s:
+        out["up_tau"] = up_s.get("acceptance_length")
+        out["ours_over_up"] = up_s.get("ours_over_theirs")
+        out["up_speedup"] = _ratio(up_s.get("tokens_per_second"), (up_b or {}).get("tokens_per_second"))
+    if pl_b and pl_l:
+        out["pl_speedup"] = _ratio(pl_l.get("tokens_per_second"), pl_b.get("tokens_per_second"))
+    return out
+
+
+def summary_table(reps: list[dict]) -> str:
+    head = ("| prompt set | T | requests | tau | target alone tok/s | with drafter tok/s | speedup | "
+            "decode speedup | T=0 mismatches | upstream tau | upstream decode speedup | "
+            "ours / upstream (decode tok/s, drafter) | prompt-lookup speedup |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in reps:
+        c, s, sd = r["config"], r["summary"], _side(r)
+        lines.append(
+            f"| {c['dataset']} | {c['temperature']:g} | {s['n_requests']} | {_f(s['acceptance_length'], 3)} | "
+            f"{_f(s['base_tokens_per_second'])} | {_f(s['spec_tokens_per_second'])} | {_f(s['speedup'])} | "
+            f"{_f(s['decode_speedup'])} | {s['mismatches'] if c['temperature'] == 0 else '-'} | "
+            f"{_f(sd.get('up_tau'), 3)} | {_f(sd.get('up_speedup'))} | {_f(sd.get('ours_over_up'))} | "
+            f"{_f(sd.get('pl_speedup'))} |")
+    return "\n".join(lines)
+
+
+def per_position_table(reps: list[dict]) -> str:
+    n = max((len(r["summary"]["per_position_acceptance"]) for r in reps), default=0)
+    lines = ["| prompt set | T | " + " | ".join(f"pos {i + 1}" for i in range(n)) + " |",
+             "|---|---|" + "---|" * n]
+    for r in reps:
+        p = r["summary"]["per_position_acceptance"]
+        lines.append(f"| {r['config']['dataset']} | {r['config']['temperature']:g} | "
+                     + " | ".join(_f(x, 3) for x in p) + " |" + " |" * (n - len(p)))
+    return "\n".join(lines)
+
+
+def plot(reps: list[dict], path: Path) -> Path:
+    """Per-position conditional acceptance, one line per run (solid T=0, dashed T>0)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in reps:
+        p = [math.nan if x is None else x for x in r["summary"]["per_position_acceptance"]]
+        c = r["config"]
+        ax.plot(range(1, len(p) + 1), p, marker="o", linestyle="-" if c["temperature"] == 0 else "--",
+                label=f"{c['dataset']} T={c['temperature']:g}")
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("P(accepted | earlier drafts accepted)")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def render(reps: list[dict], *, commands: str, plot_rel: str, kept: str) -> str:
+    c0 = reps[0]["config"] if reps else {}
+    drafter = Path(c0.get("drafter", "?")).name
+    target = Path(c0.get("target", "?")).name
+    return "\n".join([
+        "# Benchmarks",
+        "",
+        f"Target `{target}`, drafter `{drafter}` (DFlash {c0.get('drafter_version', '?')}, block "
+        f"{c0.get('block_size', '?')}, verifying up to {c0.get('n_draft_max', '?')} drafts per pass), "
+        f"up to {c0.get('max_new_tokens', '?')} new tokens per request. Every row runs the target alone and "
+        "with the drafter through the same decoder, one after the other, on the same machine; side-by-side "
+        "columns run upstream's `llama-speculative-simple` / `llama-completion` (llama.cpp 0c1e570) and "
+        "llama-cpp-python's prompt-lookup decoding on the same rendered prompts in the same run.",
+        "",
+        f"Machine: {machine()}",
+        "",
+        "Commands:",
+        "",
+        "```bash",
+        commands.strip(),
+        "```",
+        "",
+        "## Summary",
+        "",
+        summary_table(reps),
+        "",
+        "tau = tokens committed per target pass (bonus included), averaged per request. Speedup = time per "
+        "output token of the target alone / with the drafter, prefill included; decode speedup excludes the "
+        "prefill. T=0 mismatches = requests whose tokens differ between the two runs.",
+        "",
+        "## Per-position acceptance",
+        "",
+        per_position_table(reps),
+        "",
+        f"![per-position acceptance]({plot_rel})",
+        "",
+        KEEP_START,
+        kept.strip() or "## Reading the figures\n\n(to be written after the run)",
+        KEEP_END,
+        "",
+    ])
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", required=True, type=Path, help="folder with one bench --out folder per run")
+    ap.add_argument("--out", default="BENCHMARKS.md", type=Path)
+    ap.add_argument("--plot", default=Path("benchmarks/per_position_acceptance.png"), type=Path)
+    a = ap.parse_args(argv)
+    reps = load_runs(a.runs)
+    if not reps:
+        raise SystemExit(f"no */bench.json under {a.runs}")
+    kept = ""
+    if a.out.is_file():
+        t = a.out.read_text()
+        if KEEP_START in t and KEEP_END in t:
+            kept = t.split(KEEP_START, 1)[1].split(KEEP_END, 1)[0]
+    cmds = a.runs / "commands.txt"
+    commands = cmds.read_text() if cmds.is_file() else "(commands.txt missing)"
+    plot(reps, a.plot)
+    rel = os.path.relpath(a.plot, a.out.parent)
+    tmp = a.out.with_suffix(".md.tmp")
+    tmp.write_text(render(reps, commands=commands, plot_rel=rel, kept=kept))
+    os.replace(tmp, a.out)
+    print(f"wrote {a.out} ({len(reps)} runs) and {a.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

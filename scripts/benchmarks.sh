@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The figures of BENCHMARKS.md: dflash2-gguf bench on the five prompt sets at T=0 and T=1, with
+# upstream's llama-speculative-simple / llama-completion and llama-cpp-python prompt lookup side by
+# side, then benchmarks/report.py. Run it on an otherwise idle machine (timings are compared).
+#
+#   bash scripts/benchmarks.sh                      # all sets, N_PROMPTS=30, MAX_NEW=128
+#   SETS="gsm8k" TEMPS="0" N_PROMPTS=2 bash scripts/benchmarks.sh   # a quick look
+#
+# Env: DRAFTER (default models/smollm2-135m-dflash2.gguf), RUNS (output folder, default
+# bench-runs/), SIDE ("--upstream --prompt-lookup"; empty to skip), THREADS (default: all).
+# MBPP is read from ../shared/data/mbpp.jsonl or $DFLASH2_GGUF_MBPP (ASSETS.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMP_WAIT_POLICY=passive
+TARGET=${TARGET:-$(python -c 'from dflash2_gguf.assets import fetch; print(fetch("smollm2-135m-instruct-q4_1"))')}
+DRAFTER=${DRAFTER:-models/smollm2-135m-dflash2.gguf}
+RUNS=${RUNS:-bench-runs}
+SETS=${SETS:-gsm8k math500 humaneval mbpp mt-bench}
+TEMPS=${TEMPS:-0 1}
+N_PROMPTS=${N_PROMPTS:-30}
+MAX_NEW=${MAX_NEW:-128}
+SIDE=${SIDE---upstream --prompt-lookup}
+mkdir -p "$RUNS"
+: > "$RUNS/commands.txt"
+for ds in $SETS; do
+  for t in $TEMPS; do
+    cmd="dflash2-gguf bench -m $TARGET -md $DRAFTER --dataset $ds --n-prompts $N_PROMPTS --max-new-tokens $MAX_NEW --temp $t --seed 0 $SIDE --out $RUNS/$ds-t$t ${THREADS:+-t $THREADS}"
+    echo "$cmd" | sed "s#$HOME#~#g" >> "$RUNS/commands.txt"
+    echo "+ $cmd" >&2
+    $cmd > "$RUNS/$ds-t$t.log" 2>&1 || { echo "FAILED: $ds T=$t (see $RUNS/$ds-t$t.log)" >&2; exit 1; }
+    tail -n 30 "$RUNS/$ds-t$t.log" | grep -E "^\| target" || true
+  done
+done
+python -m benchmarks.report --runs "$RUNS" --out BENCHMARKS.md --plot benchmarks/per_position_acceptance.png
