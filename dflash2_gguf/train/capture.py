@@ -70,7 +70,30 @@ class _LlamaTarget:
     """What every llama-cpp-python-backed target wrapper here shares: text helpers (``tokenize``,
     ``chat_prompt``, ``is_eog``) and the free order of its handles (batch, context, model).
     Subclasses set ``_L`` (the ``llama_cpp`` module), ``model``, ``ctx``, ``vocab`` and
-    ``_batch``."""
+    ``_batch``; those that capture features also set ``_g`` (ggml-base), ``_want`` (tensor name
+    -> layer slot), ``_chunks`` (one list per slot) and pass :meth:`_callback` as ``cb_eval``."""
+
+    #: while False, :meth:`_callback` asks ggml for no tensor (decodes that capture nothing)
+    capturing = True
+
+    def _callback(self, tensor, ask, _user):
+        """ggml ``cb_eval``: ask for the ``l_out-{id}`` tensors in ``_want``, then copy each
+        (F32, ``rows x n_embd``) into ``_chunks[slot]``."""
+        if not self.capturing:
+            return False if ask else True
+        name = self._g.ggml_get_name(tensor)
+        idx = self._want.get(name)
+        if ask:
+            return idx is not None
+        if idx is not None:
+            n = self._g.ggml_nelements(tensor)
+            if self._g.ggml_nbytes(tensor) != 4 * n:
+                raise RuntimeError(f"{name!r} is not F32")
+            rows = self._g.ggml_nrows(tensor)
+            out = np.empty((rows, n // rows), dtype=np.float32)
+            self._g.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, out.nbytes)
+            self._chunks[idx].append(out)
+        return True
 
     def close(self) -> None:
         L = self._L
@@ -184,25 +207,6 @@ class LlamaFeatureCapture(_LlamaTarget):
         self.n_ctx = n_ctx
         self.n_batch = n_batch
         self._batch = L.llama_batch_init(n_batch, 0, 1)
-
-    # -- ggml callback ----------------------------------------------------------------------
-
-    def _callback(self, tensor, ask, _user):
-        if not self.capturing:
-            return False if ask else True
-        name = self._g.ggml_get_name(tensor)
-        idx = self._want.get(name)
-        if ask:
-            return idx is not None
-        if idx is not None:
-            n = self._g.ggml_nelements(tensor)
-            if self._g.ggml_nbytes(tensor) != 4 * n:
-                raise RuntimeError(f"{name!r} is not F32")
-            rows = self._g.ggml_nrows(tensor)
-            out = np.empty((rows, n // rows), dtype=np.float32)
-            self._g.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, out.nbytes)
-            self._chunks[idx].append(out)
-        return True
 
     # -- running the target -------------------------------------------------------------------
 

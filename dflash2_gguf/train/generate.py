@@ -126,21 +126,6 @@ class BatchedGreedyGenerator(_LlamaTarget):
         # statistics of the last generate() call
         self.stats = {"prompt_tokens": 0, "new_tokens": 0, "seconds": 0.0, "decode_calls": 0}
 
-    def _callback(self, tensor, ask, _user):
-        name = self._g.ggml_get_name(tensor)
-        idx = self._want.get(name)
-        if ask:
-            return idx is not None
-        if idx is not None:
-            n = self._g.ggml_nelements(tensor)
-            if self._g.ggml_nbytes(tensor) != 4 * n:
-                raise RuntimeError(f"{name!r} is not F32")
-            rows = self._g.ggml_nrows(tensor)
-            out = np.empty((rows, n // rows), dtype=np.float32)
-            self._g.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, out.nbytes)
-            self._chunks[idx].append(out)
-        return True
-
     # -- generation ----------------------------------------------------------------------------
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
