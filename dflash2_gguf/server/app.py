@@ -142,6 +142,28 @@ def _sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
+def _event_stream(events) -> StreamingResponse:
+    """Server-sent events from an async iterator of ``data: ...`` lines, unbuffered."""
+    return StreamingResponse(events, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _closing_events(chunk: Callable[[Any, Optional[str]], dict], empty: Any, st: Any,
+                    include_usage: bool) -> list[str]:
+    """The last events of an OpenAI stream: the chunk with ``finish_reason`` (plus llama-server's
+    ``timings``) and, with ``stream_options.include_usage``, a usage chunk with no choices.
+    ``chunk(payload, finish_reason)`` builds one chunk; ``empty`` is its empty payload."""
+    last = chunk(empty, _FINISH.get(st.stop_reason, "stop"))
+    last["timings"] = _timings(st)
+    events = [_sse(last)]
+    if include_usage:
+        u = chunk(empty, None)
+        u["choices"] = []
+        u["usage"] = _usage(st)
+        events.append(_sse(u))
+    return events
+
+
 class _Service:
     """Request handling shared by the endpoints (bound to one app's settings and worker)."""
 
@@ -352,18 +374,9 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
             return _sse(obj(ch.text, None)) if ch.text else None
 
         def on_done(st) -> list:
-            last = obj("", _FINISH.get(st.stop_reason, "stop"))
-            last["timings"] = _timings(st)
-            lines = [_sse(last)]
-            if body.include_usage:
-                u = obj("", None)
-                u["choices"] = []
-                u["usage"] = _usage(st)
-                lines.append(_sse(u))
-            return lines
+            return _closing_events(obj, "", st, body.include_usage)
 
-        return StreamingResponse(svc.stream(job, first, on_chunk, on_done), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return _event_stream(svc.stream(job, first, on_chunk, on_done))
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
@@ -398,21 +411,10 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
             return _sse(obj(delta, None))
 
         def on_done(st) -> list:
-            lines = []
-            if not sent_role[0]:
-                lines.append(_sse(obj({"role": "assistant", "content": ""}, None)))
-            last = obj({}, _FINISH.get(st.stop_reason, "stop"))
-            last["timings"] = _timings(st)
-            lines.append(_sse(last))
-            if body.include_usage:
-                u = obj({}, None)
-                u["choices"] = []
-                u["usage"] = _usage(st)
-                lines.append(_sse(u))
-            return lines
+            opening = [] if sent_role[0] else [_sse(obj({"role": "assistant", "content": ""}, None))]
+            return opening + _closing_events(obj, {}, st, body.include_usage)
 
-        return StreamingResponse(svc.stream(job, first, on_chunk, on_done), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return _event_stream(svc.stream(job, first, on_chunk, on_done))
 
     # ------------------------------------------------------------------ llama-server native
 
@@ -447,9 +449,7 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
         def on_done(st) -> list:
             return [_sse(final("", [], st))]
 
-        return StreamingResponse(svc.stream(job, first, on_chunk, on_done, done_line=False),
-                                 media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return _event_stream(svc.stream(job, first, on_chunk, on_done, done_line=False))
 
     return app
 
