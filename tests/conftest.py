@@ -23,3 +23,83 @@ def smollm2_gguf():
 def qwen25_05b_gguf():
     """Path to the real Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF (qwen2 arch, hidden 896)."""
     return assets.fetch("qwen2.5-coder-0.5b-instruct-q4_k_m")
+
+
+# ---------------------------------------------------------------------------- driver fixtures
+# Tiny targets and drafters (built once per session), random SmolLM2 drafters converted with our
+# converter, the F32 SmolLM2 copy, and the native-extension skip.
+
+from tiny_models import tiny_drafter, write_tiny_target  # noqa: E402
+
+
+def _need_native():
+    try:
+        from dflash2_gguf._native_loader import native
+
+        native()
+    except ImportError as e:  # pragma: no cover - depends on the build
+        pytest.skip(f"native extension unavailable: {e}")
+
+
+@pytest.fixture(scope="session")
+def native_ext():
+    _need_native()
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_dir):
+    """Tiny random F32 llama target (hidden 288, 4 layers, vocab 48): layer-input path."""
+    return write_tiny_target(tiny_dir / "tiny_llama.gguf", arch="llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tiny_dir):
+    """Tiny random F32 qwen2 target (same sizes): cb_eval path."""
+    return write_tiny_target(tiny_dir / "tiny_qwen2.gguf", arch="qwen2", seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_drafters(tiny_dir, tiny_llama):
+    """{1: v1 GGUF, 2: v2 GGUF}: random F32 drafters (1 layer, block 6) for the tiny targets."""
+    return {v: tiny_drafter(tiny_dir / f"d{v}", tiny_llama, version=v, seed=v) for v in (1, 2)}
+
+
+@pytest.fixture(scope="session")
+def tiny_peaked(tiny_dir):
+    """Tiny llama target whose argmax is often token 7, plus {1: v1, 2: v2} random drafters that
+    then agree with it often (greedy acceptance ~20%): (target, drafters)."""
+    t = write_tiny_target(tiny_dir / "tiny_peaked.gguf", arch="llama", peak=3.0, seed=2)
+    return t, {v: tiny_drafter(tiny_dir / f"p{v}", t, version=v, seed=10 + v) for v in (1, 2)}
+
+
+@pytest.fixture(scope="session")
+def smollm2_f32_gguf(smollm2_gguf):
+    """The pinned SmolLM2-135M-Instruct Q4_1 dequantized to F32 (same weights), cached next to
+    it. Greedy equality tests use it: with Q4_1 weights libllama's CPU kernels give batched
+    passes (verification) different last bits than one-token decodes, which flips near-ties."""
+    from tiny_models import dequantize_gguf
+
+    out = smollm2_gguf.parent / "SmolLM2-135M-Instruct.F32-from-Q4_1.gguf"
+    if not out.is_file():
+        dequantize_gguf(smollm2_gguf, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_drafters(tmp_path_factory, smollm2_gguf):
+    """{1: v1, 2: v2}: random 2-layer SmolLM2 drafters (hidden 576, block 8), q8_0, converted
+    with our converter from checkpoints in the authors' format."""
+    from checkpoints import make_dflash_checkpoint
+    from convert import convert_hf_to_gguf
+
+    root = tmp_path_factory.mktemp("smol_drafters")
+    out = {}
+    for v in (1, 2):
+        ck = make_dflash_checkpoint(root / f"hf_v{v}", version=v, seed=v)
+        out[v] = convert_hf_to_gguf(ck, smollm2_gguf, root / f"smol_v{v}.gguf", outtype="q8_0", force=True)
+    return out

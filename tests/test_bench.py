@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from driver_fixtures import native_ext, smollm2_drafters  # noqa: F401
 
 from dflash2_gguf import bench
 
@@ -109,7 +108,7 @@ def test_parse_upstream_logs():
 
 @pytest.mark.native
 @pytest.mark.slow
-def test_bench_cli_smoke(native_ext, smollm2_gguf, smollm2_drafters, tmp_path):  # noqa: F811
+def test_bench_cli_smoke(native_ext, smollm2_gguf, smollm2_drafters, tmp_path):
     from dflash2_gguf.cli import main
 
     out = tmp_path / "out"

@@ -10,8 +10,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from driver_fixtures import (native_ext, smollm2_drafters, tiny_dir, tiny_drafters,  # noqa: F401
-                             tiny_llama, tiny_peaked, tiny_qwen2)
 from tiny_models import rewrite_gguf, tiny_drafter
 
 pytestmark = pytest.mark.native

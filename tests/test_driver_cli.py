@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from driver_fixtures import native_ext, smollm2_drafters, tiny_dir, tiny_drafters, tiny_llama  # noqa: F401
 
 pytestmark = pytest.mark.native
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from driver_fixtures import native_ext, tiny_dir, tiny_drafters, tiny_llama  # noqa: F401
 
 pytestmark = pytest.mark.native
 

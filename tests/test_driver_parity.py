@@ -21,7 +21,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from driver_fixtures import native_ext, tiny_dir, tiny_llama  # noqa: F401
 from tiny_models import MASK_ID, read_tensor
 
 pytestmark = pytest.mark.native

@@ -15,7 +15,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from driver_fixtures import native_ext  # noqa: F401
 
 pytestmark = [pytest.mark.native, pytest.mark.slow]
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from driver_fixtures import native_ext, smollm2_drafters, smollm2_f32_gguf  # noqa: F401
 
 pytestmark = pytest.mark.native
 

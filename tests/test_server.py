@@ -26,7 +26,6 @@ openai = pytest.importorskip("openai")
 
 import uvicorn  # noqa: E402
 
-from driver_fixtures import native_ext, smollm2_drafters  # noqa: E402,F401
 from dflash2_gguf.server.app import ServerSettings, create_app  # noqa: E402
 
 N_CTX = 512
