@@ -38,6 +38,12 @@ _QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
 _QWEN35_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}|"
               r" ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
+# o200k (gpt-oss, GPT-4o): case-aware words, contractions attached, numbers in runs of up to 3
+_O200K_RE = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+             r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+"
+             r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}|"
+             r" ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
 _BYTES_NO_REGEX = ("byte_level", False, False)
 
 #: Canonical pre-tokenizer steps (see :func:`_steps`) -> the ``tokenizer.ggml.pre`` name whose
@@ -55,6 +61,8 @@ KNOWN_PRE_TOKENIZERS: dict[tuple, str] = {
     (("split", _QWEN2_RE, "Isolated", False), _BYTES_NO_REGEX): "qwen2",
     # Qwen3.5: letters with combining marks
     (("split", _QWEN35_RE, "Isolated", False), _BYTES_NO_REGEX): "qwen35",
+    # gpt-oss (o200k)
+    (("split", _O200K_RE, "Isolated", False), _BYTES_NO_REGEX): "gpt-4o",
 }
 
 

@@ -45,7 +45,7 @@ def test_pre_tokenizer_names(pre, name):
 
 
 def test_pre_tokenizer_table_covers_the_targets_we_name():
-    assert sorted(set(KNOWN_PRE_TOKENIZERS.values())) == ["gpt-2", "llama-bpe", "qwen2", "qwen35", "smollm"]
+    assert sorted(set(KNOWN_PRE_TOKENIZERS.values())) == ["gpt-2", "gpt-4o", "llama-bpe", "qwen2", "qwen35", "smollm"]
 
 
 @pytest.mark.parametrize("pre", [
