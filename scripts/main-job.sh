@@ -2,9 +2,10 @@
 # The main job: set up, convert a DFlash 2 drafter to GGUF, and run speculative decoding with it
 # on the default real target (SmolLM2-135M-Instruct, Q4_1), next to the target alone.
 #
-# The drafter: models/smollm2-135m-dflash2.gguf when a trained one ships; until then an
-# untrained drafter of the right shape is initialised (acceptance length ~1: it shows the
-# pipeline, not a speedup) and converted from the authors' HF format.
+# The drafter: models/smollm2-135m-dflash2.gguf, trained here for this target (docs/TRAINING.md,
+# models/smollm2-135m-dflash2.json). Should that file be missing, an untrained drafter of the
+# same shape is initialised in the authors' HF format and converted (acceptance length ~1: it
+# shows the path, not a speedup).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -16,7 +17,7 @@ WORK=${DFLASH2_GGUF_CACHE:-$HOME/.cache/dflash2-gguf}/main-job
 mkdir -p "$WORK"
 DRAFT=models/smollm2-135m-dflash2.gguf
 if [[ ! -f "$DRAFT" ]]; then
-  echo "== no trained drafter shipped yet: initialising an untrained DFlash 2 drafter (HF format)"
+  echo "== $DRAFT missing: initialising an untrained DFlash 2 drafter (HF format)"
   "$PY" - "$TARGET" "$WORK/untrained-hf" <<'PYEOF'
 import sys
 import torch
