@@ -7,13 +7,12 @@ Required keys that are missing raise :class:`~convert.errors.ConversionError`.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import ConversionError
+from .errors import ConversionError, read_json
 
 __all__ = ["DraftConfig", "parse_config", "ARCHITECTURES"]
 
@@ -112,10 +111,7 @@ def parse_config(path_or_dict: str | Path | Mapping[str, Any]) -> DraftConfig:
             p = p / "config.json"
         if not p.is_file():
             raise ConversionError(f"no config.json in {p.parent}")
-        try:
-            cfg = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise ConversionError(f"cannot read {p}: {e}") from None
+        cfg = read_json(p)
     if not isinstance(cfg, dict):
         raise ConversionError("config.json must hold a JSON object")
 

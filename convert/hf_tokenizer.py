@@ -21,11 +21,10 @@ fallback) are handled; SentencePiece / WordPiece / byte-fallback BPE targets rai
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from .errors import ConversionError
+from .errors import ConversionError, read_json
 from .gguf_meta import KV
 
 __all__ = ["hf_tokenizer_fields", "pre_tokenizer_name", "KNOWN_PRE_TOKENIZERS"]
@@ -146,10 +145,7 @@ def hf_tokenizer_fields(folder: str | Path, n_vocab: int) -> list[KV]:
     fix = "pass the target's GGUF as --target instead (its tokenizer is copied as is)"
     if not path.is_file():
         raise ConversionError(f"HF target folder {folder} has no tokenizer.json; {fix}")
-    try:
-        tj = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ConversionError(f"cannot read {path}: {e}") from None
+    tj = read_json(path)
     model = tj.get("model") or {}
     decoder = (tj.get("decoder") or {}).get("type")
     if model.get("type") != "BPE" or model.get("byte_fallback") or decoder != "ByteLevel":

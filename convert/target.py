@@ -9,11 +9,10 @@ An HF target folder gives the sizes from ``config.json`` and, for byte-level BPE
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ConversionError
+from .errors import ConversionError, read_json
 from .gguf_meta import KV, read_header
 from .names import TARGET_LAYER_OFFSET, key
 
@@ -80,10 +79,7 @@ def _load_gguf_target(path: Path) -> Target:
 
 
 def _load_hf_target(path: Path) -> Target:
-    try:
-        cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ConversionError(f"cannot read {path / 'config.json'}: {e}") from None
+    cfg = read_json(path / "config.json")
     cfg = {**cfg, **(cfg.get("text_config") or {})}
     try:
         n_embd, n_layer, n_vocab = (int(cfg[k]) for k in ("hidden_size", "num_hidden_layers", "vocab_size"))
