@@ -146,7 +146,9 @@ def hf_tokenizer_fields(folder: str | Path, n_vocab: int) -> list[KV]:
     if not path.is_file():
         raise ConversionError(f"HF target folder {folder} has no tokenizer.json; {fix}")
     tj = read_json(path)
-    model = tj.get("model") or {}
+    if not isinstance(tj, dict) or not isinstance(tj.get("model"), dict):
+        raise ConversionError(f"{path}: not a tokenizers-library tokenizer.json (no 'model' object); {fix}")
+    model = tj["model"]
     decoder = (tj.get("decoder") or {}).get("type")
     if model.get("type") != "BPE" or model.get("byte_fallback") or decoder != "ByteLevel":
         raise ConversionError(
@@ -155,11 +157,12 @@ def hf_tokenizer_fields(folder: str | Path, n_vocab: int) -> list[KV]:
             f"from HF files; {fix}")
     pre = pre_tokenizer_name(tj, where=str(path))
 
-    id_to_token: dict[int, str] = {int(i): t for t, i in model.get("vocab", {}).items()}
-    added = {}
-    for a in tj.get("added_tokens") or []:
-        id_to_token[int(a["id"])] = a["content"]
-        added[int(a["id"])] = a
+    try:
+        id_to_token: dict[int, str] = {int(i): t for t, i in model.get("vocab", {}).items()}
+        added = {int(a["id"]): a for a in tj.get("added_tokens") or []}
+        id_to_token.update((i, a["content"]) for i, a in added.items())
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        raise ConversionError(f"{path}: malformed vocab or added_tokens ({type(e).__name__}: {e})") from None
     too_big = sorted(i for i in id_to_token if i >= n_vocab)
     if too_big:
         raise ConversionError(f"{path}: token ids {too_big[:5]} are outside the target vocab size "

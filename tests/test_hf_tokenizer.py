@@ -111,6 +111,8 @@ def test_fields_exact(tmp_path):
     ("no merges", dict(model={"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": []}), 6,
      "no BPE merges"),
     ("unknown pre", dict(pre={"type": "Whitespace"}), 6, "matches none"),
+    ("added token without id", dict(added=[{"content": "<|x|>", "special": True}]), 6,
+     "malformed vocab or added_tokens"),
 ])
 def test_refusals(tmp_path, what, kw, n_vocab, msg):
     folder = _write_folder(tmp_path / "t", **kw)
@@ -154,3 +156,15 @@ def test_conversion_with_hf_target_equals_gguf_target(tmp_path, smollm2_gguf):
     for k, v in ka.items():
         assert (v.value, v.vtype, v.sub_type) == (kb[k].value, kb[k].vtype, kb[k].sub_type), k
     assert ka["tokenizer.ggml.pre"].value == b"smollm"
+
+
+def test_not_a_tokenizer_json(tmp_path):
+    folder = tmp_path / "t"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text("[1, 2]")
+    with pytest.raises(ConversionError, match="not a tokenizers-library tokenizer.json"):
+        hf_tokenizer_fields(folder, n_vocab=6)
+    (folder / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ConversionError, match="cannot read .*tokenizer.json"):
+        hf_tokenizer_fields(folder, n_vocab=6)
+
