@@ -21,6 +21,7 @@ fallback) are handled; SentencePiece / WordPiece / byte-fallback BPE targets rai
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -85,8 +86,6 @@ def _steps(pre: Any) -> list[tuple]:
         pattern = pre.get("pattern") or {}
         regex = pattern.get("Regex")
         if regex is None:
-            import re
-
             regex = re.escape(pattern.get("String", ""))
         return [("split", regex, pre.get("behavior"), bool(pre.get("invert", False)))]
     return [(str(kind),)]
