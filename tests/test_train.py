@@ -7,8 +7,10 @@ beyond the cached SmolLM2 GGUF (``smollm2_gguf`` fixture).
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -317,6 +319,31 @@ def test_resume_restores_step_and_optimizer(tmp_path):
     assert st_b.step == st_c.step == 8
     for k, v in m_c.state_dict().items():
         assert torch.allclose(m_b.state_dict()[k], v, atol=1e-6, rtol=0), k
+
+
+def test_weight_decay_applies_and_resume_takes_the_new_value(tmp_path):
+    from dflash2_gguf.train.cli import build_parser
+
+    args = build_parser().parse_args(["fit", "--target", "t.gguf", "--shards", "s", "--out", "o",
+                                      "--weight-decay", "0.25"])
+    assert args.weight_decay == 0.25
+    cfg = _tiny()
+    p = _synthetic_shard(tmp_path / "s.safetensors", cfg)
+    emb = torch.randn(V, H, generator=torch.Generator().manual_seed(0)) * 0.3
+    kw = dict(shards=[str(p)], steps=6, lr=3e-3, warmup_steps=2, batch_size=2, max_len=24,
+              anchors_per_seq=3, save_every=100, progress=False)
+    train(cfg, TrainConfig(out_dir=str(tmp_path / "a"), stop_at=3, **kw), target_weights=(emb, None))
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    m_0, _ = train(cfg, TrainConfig(out_dir=str(tmp_path / "a"), **kw), target_weights=(emb, None))
+    m_wd, _ = train(cfg, TrainConfig(out_dir=str(tmp_path / "b"), weight_decay=0.5, **kw),
+                    target_weights=(emb, None))
+    groups = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["optimizer"]["param_groups"]
+    assert [g["weight_decay"] for g in groups] == [0.5, 0.0]
+    w0, wd = m_0.state_dict(), m_wd.state_dict()
+    # matrices shrink towards zero (AdamW's decoupled decay); 1-d norms and biases are untouched
+    # by the decay, so they match the run without it only through the shared gradients
+    mats = [k for k, v in wd.items() if v.dim() >= 2 and v.dtype.is_floating_point]
+    assert mats and sum(wd[k].norm() for k in mats) < sum(w0[k].norm() for k in mats)
 
 
 def test_lr_schedule():

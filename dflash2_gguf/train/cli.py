@@ -145,7 +145,8 @@ def cmd_fit(args) -> int:
                                    mask_token_id=args.mask_token_id, selector_rank=args.selector_rank,
                                    selector_top_k=args.selector_top_k)
     tcfg = TrainConfig(shards=shards, out_dir=args.out, target_gguf=args.target, steps=args.steps,
-                       lr=args.lr, warmup_steps=args.warmup, batch_size=args.batch_size,
+                       lr=args.lr, warmup_steps=args.warmup, weight_decay=args.weight_decay,
+                       batch_size=args.batch_size,
                        max_len=args.max_len, anchors_per_seq=args.anchors, gamma=args.gamma,
                        save_every=args.save_every, device=args.device,
                        autocast_dtype="bfloat16" if args.bf16 else None, seed=args.seed,
@@ -223,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--steps", type=int, default=10000)
     f.add_argument("--lr", type=float, default=6e-4)
     f.add_argument("--warmup", type=int, default=200)
+    f.add_argument("--weight-decay", type=float, default=0.0,
+                   help="AdamW weight decay on the drafter's matrices (norms, biases and the "
+                        "frozen embedding / head get none)")
     f.add_argument("--batch-size", type=int, default=8)
     f.add_argument("--max-len", type=int, default=2048)
     f.add_argument("--anchors", type=int, default=64, help="anchors (blocks) per sequence")

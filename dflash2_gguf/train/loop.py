@@ -176,6 +176,7 @@ def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
         state = torch.load(ckpt, map_location="cpu", weights_only=False)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
+        opt.param_groups[0]["weight_decay"] = cfg.weight_decay   # this run's value, not the saved one
         sched.load_state_dict(state["scheduler"])
         gen.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
