@@ -232,8 +232,7 @@ def _common_flags(target, prompt_file: Path, n_predict: int, temp: float, seed: 
 
 
 def _run(cmd: list, timeout: Optional[float]) -> tuple[str, str, float]:
-    env = dict(os.environ)
-    env.setdefault("OMP_WAIT_POLICY", "passive")
+    env = dict(os.environ)   # the caller's OpenMP settings: the same as our decoder's in the same run
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=env, timeout=timeout)
     wall = time.perf_counter() - t0

@@ -7,11 +7,15 @@
 #   SETS="gsm8k" TEMPS="0" N_PROMPTS=2 bash scripts/benchmarks.sh   # a quick look
 #
 # Env: DRAFTER (default models/smollm2-135m-dflash2.gguf), RUNS (output folder, default
-# bench-runs/), SIDE ("--upstream --prompt-lookup"; empty to skip), THREADS (default: all).
+# bench-runs/), SIDE ("--upstream --prompt-lookup"; empty to skip), SIDE_TEMPS (temperatures that
+# get SIDE, default: all of TEMPS), THREADS (default: all). A run whose bench.json exists is kept
+# (delete RUNS/<set>-t<T>/ to redo it), so an interrupted script resumes.
 # MBPP is read from ../shared/data/mbpp.jsonl or $DFLASH2_GGUF_MBPP (ASSETS.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export OMP_WAIT_POLICY=passive
+# OpenMP's default wait policy, as a user gets it: threads spin at barriers, which is right on an
+# idle machine and ruinous beside another busy process (tests and CI use passive; on these 2
+# cores passive makes a one-token decode ~3x slower and the speedup look better than it is).
 TARGET=${TARGET:-$(python -c 'from dflash2_gguf.assets import fetch; print(fetch("smollm2-135m-instruct-q4_1"))')}
 DRAFTER=${DRAFTER:-models/smollm2-135m-dflash2.gguf}
 RUNS=${RUNS:-bench-runs}
@@ -20,12 +24,16 @@ TEMPS=${TEMPS:-0 1}
 N_PROMPTS=${N_PROMPTS:-30}
 MAX_NEW=${MAX_NEW:-128}
 SIDE=${SIDE---upstream --prompt-lookup}
+SIDE_TEMPS=${SIDE_TEMPS:-$TEMPS}
 mkdir -p "$RUNS"
 : > "$RUNS/commands.txt"
 for ds in $SETS; do
   for t in $TEMPS; do
-    cmd="dflash2-gguf bench -m $TARGET -md $DRAFTER --dataset $ds --n-prompts $N_PROMPTS --max-new-tokens $MAX_NEW --temp $t --seed 0 $SIDE --out $RUNS/$ds-t$t ${THREADS:+-t $THREADS}"
+    side=""
+    [[ " $SIDE_TEMPS " == *" $t "* ]] && side=$SIDE
+    cmd="dflash2-gguf bench -m $TARGET -md $DRAFTER --dataset $ds --n-prompts $N_PROMPTS --max-new-tokens $MAX_NEW --temp $t --seed 0 $side --out $RUNS/$ds-t$t ${THREADS:+-t $THREADS}"
     echo "$cmd" | sed "s#$HOME#~#g" >> "$RUNS/commands.txt"
+    if [[ -f $RUNS/$ds-t$t/bench.json ]]; then echo "kept: $RUNS/$ds-t$t" >&2; continue; fi
     echo "+ $cmd" >&2
     $cmd > "$RUNS/$ds-t$t.log" 2>&1 || { echo "FAILED: $ds T=$t (see $RUNS/$ds-t$t.log)" >&2; exit 1; }
     tail -n 30 "$RUNS/$ds-t$t.log" | grep -E "^\| target" || true

@@ -9,7 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-export OMP_WAIT_POLICY=passive
+# OpenMP keeps its default wait policy (spinning threads), as a user runs it: the tokens/s printed
+# below are the ones to expect on an idle machine (BENCHMARKS.md).
 bash scripts/setup.sh torch
 
 TARGET=$("$PY" -m dflash2_gguf.assets smollm2-135m-instruct-q4_1)
