@@ -11,6 +11,8 @@ Reads every ``<runs>/*/bench.json`` (written by ``dflash2-gguf bench --out``), a
   and decode speedup, T=0 mismatches, and the side-by-side runs when present (upstream
   ``llama-speculative-simple``'s tau and decode speedup over ``llama-completion``; our decode
   tokens/s with the drafter over upstream's; llama-cpp-python prompt-lookup speedup);
+- the cost of a speculative cycle per run (verify, draft, the rest, in ms and in one-token
+  decodes: the acceptance length at which drafting breaks even);
 - per-position conditional acceptance per run, and one plot with a line per run.
 
 Text between ``<!-- analysis -->`` and ``<!-- /analysis -->`` in an existing output file is kept:
@@ -108,6 +110,52 @@ def summary_table(reps: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def cycle_cost(rep: dict) -> Optional[dict]:
+    """Where the time of one speculative cycle goes, from a run's per-request timings.
+
+    Returns milliseconds: ``decode`` (one target-alone decode pass, prefill excluded), ``verify``
+    (the target pass over [anchor, drafts]), ``draft`` (the drafter pass) and ``rest`` (feature
+    injection and sampling) per cycle; ``break_even`` = cycle / decode, the acceptance length at
+    which drafting starts to pay; ``expected`` = pooled tau / break_even, the decode speedup those
+    costs predict (compare ``decode_speedup``). ``None`` when the timings are missing.
+    """
+    base_s = base_n = spec_n = 0.0
+    spec = {"verify": 0.0, "draft": 0.0, "rest": 0.0}
+    for q in rep.get("requests", []):
+        b, sp = q.get("base") or {}, q.get("spec") or {}
+        if "t_target_s" not in sp or not b.get("n_cycles") or not sp.get("n_cycles"):
+            return None
+        base_s += b["t_total_s"] - b["t_prefill_s"]
+        base_n += b["n_cycles"]
+        spec["verify"] += sp["t_target_s"]
+        spec["draft"] += sp["t_draft_s"]
+        spec["rest"] += sp.get("t_inject_s", 0.0) + sp.get("t_sample_s", 0.0)
+        spec_n += sp["n_cycles"]
+    if not base_n or not spec_n:
+        return None
+    out = {"decode": 1e3 * base_s / base_n, **{k: 1e3 * v / spec_n for k, v in spec.items()}}
+    out["break_even"] = (out["verify"] + out["draft"] + out["rest"]) / out["decode"]
+    tau = rep["summary"].get("acceptance_length_pooled")
+    out["expected"] = tau / out["break_even"] if tau else None
+    return out
+
+
+def cost_table(reps: list[dict]) -> str:
+    head = ("| prompt set | T | decode ms/token (target alone) | verify ms/cycle | draft ms/cycle | "
+            "rest ms/cycle | break-even tau (cycle / decode) | pooled tau | expected decode speedup | "
+            "measured decode speedup |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in reps:
+        c, k = r["config"], cycle_cost(r)
+        if k is None:
+            continue
+        lines.append(f"| {c['dataset']} | {c['temperature']:g} | {_f(k['decode'], 1)} | {_f(k['verify'], 1)} | "
+                     f"{_f(k['draft'], 1)} | {_f(k['rest'], 1)} | {_f(k['break_even'])} | "
+                     f"{_f(r['summary'].get('acceptance_length_pooled'), 3)} | {_f(k['expected'])} | "
+                     f"{_f(r['summary'].get('decode_speedup'))} |")
+    return "\n".join(lines)
+
+
 def per_position_table(reps: list[dict]) -> str:
     n = max((len(r["summary"]["per_position_acceptance"]) for r in reps), default=0)
     lines = ["| prompt set | T | " + " | ".join(f"pos {i + 1}" for i in range(n)) + " |",
@@ -173,6 +221,14 @@ def render(reps: list[dict], *, commands: str, plot_rel: str, kept: str) -> str:
         "tau = tokens committed per target pass (bonus included), averaged per request. Speedup = time per "
         "output token of the target alone / with the drafter, prefill included; decode speedup excludes the "
         "prefill. T=0 mismatches = requests whose tokens differ between the two runs.",
+        "",
+        "## Cost of a cycle",
+        "",
+        cost_table(reps),
+        "",
+        "Per cycle the target verifies [anchor, drafts] in one pass and the drafter drafts the next "
+        "block; drafting pays once the acceptance length (tokens per cycle) exceeds the cycle's cost "
+        "in one-token decodes (break-even tau). Timings summed over the run's requests.",
         "",
         "## Per-position acceptance",
         "",

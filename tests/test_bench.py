@@ -104,6 +104,27 @@ def test_parse_upstream_logs():
         parse_speculative_simple("nothing")
 
 
+def test_report_cycle_cost_sums_requests():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks import report as br
+
+    req = [{"base": {"t_total_s": 1.1, "t_prefill_s": 0.1, "n_cycles": 100},
+            "spec": {"t_target_s": 2.0, "t_draft_s": 0.5, "t_inject_s": 0.1, "t_sample_s": 0.0, "n_cycles": 50}},
+           {"base": {"t_total_s": 0.6, "t_prefill_s": 0.1, "n_cycles": 50},
+            "spec": {"t_target_s": 1.0, "t_draft_s": 0.25, "t_inject_s": 0.0, "t_sample_s": 0.05, "n_cycles": 25}}]
+    rep = {"config": {"dataset": "gsm8k", "temperature": 0.0}, "requests": req,
+           "summary": {"acceptance_length_pooled": 2.6, "decode_speedup": 0.4}}
+    k = br.cycle_cost(rep)
+    # 1.5 s over 150 one-token passes; 3.0 / 0.75 / 0.15 s over 75 cycles
+    assert k["decode"] == pytest.approx(10.0) and k["verify"] == pytest.approx(40.0)
+    assert k["draft"] == pytest.approx(10.0) and k["rest"] == pytest.approx(2.0)
+    assert k["break_even"] == pytest.approx(5.2) and k["expected"] == pytest.approx(0.5)
+    row = br.cost_table([rep]).splitlines()[2]
+    assert row == "| gsm8k | 0 | 10.0 | 40.0 | 10.0 | 2.0 | 5.20 | 2.600 | 0.50 | 0.40 |"
+    del req[1]["spec"]["t_target_s"]   # a bench.json without timings: no row, no guess
+    assert br.cycle_cost(rep) is None and len(br.cost_table([rep]).splitlines()) == 2
+
+
 # ---------------------------------------------------------------------------- smoke run
 
 @pytest.mark.native
@@ -162,6 +183,8 @@ def test_bench_cli_smoke(native_ext, smollm2_gguf, smollm2_drafters, tmp_path):
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2] == "2" and cells[3] == f"{s['acceptance_length']:.3f}" and cells[8] == "0"
     assert cells[6] == f"{s['speedup']:.2f}"
+    cost = next(ln for ln in text.split("## Cost of a cycle", 1)[1].splitlines() if ln.startswith("| gsm8k | 0 |"))
+    assert cost.split("|")[7].strip() == f"{br.cycle_cost(rep)['break_even']:.2f}"
     assert "dflash2-gguf bench ... --dataset gsm8k" in text and "pp.png" in text
     assert (tmp_path / "pp.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bm.write_text(text.replace("(to be written after the run)", "Drafting pays on gsm8k."))
