@@ -26,13 +26,15 @@ MAX_NEW=${MAX_NEW:-128}
 SIDE=${SIDE---upstream --prompt-lookup}
 SIDE_TEMPS=${SIDE_TEMPS:-$TEMPS}
 mkdir -p "$RUNS"
-: > "$RUNS/commands.txt"
+touch "$RUNS/commands.txt"
 for ds in $SETS; do
   for t in $TEMPS; do
     side=""
     [[ " $SIDE_TEMPS " == *" $t "* ]] && side=$SIDE
     cmd="dflash2-gguf bench -m $TARGET -md $DRAFTER --dataset $ds --n-prompts $N_PROMPTS --max-new-tokens $MAX_NEW --temp $t --seed 0 $side --out $RUNS/$ds-t$t ${THREADS:+-t $THREADS}"
-    echo "$cmd" | sed "s#$HOME#~#g" >> "$RUNS/commands.txt"
+    # one line per run folder in commands.txt: this run's replaces an earlier one
+    { grep -v -- "--out $RUNS/$ds-t$t " "$RUNS/commands.txt" || true; echo "$cmd" | sed "s#$HOME#~#g"; } > "$RUNS/commands.tmp"
+    mv "$RUNS/commands.tmp" "$RUNS/commands.txt"
     if [[ -f $RUNS/$ds-t$t/bench.json ]]; then echo "kept: $RUNS/$ds-t$t" >&2; continue; fi
     echo "+ $cmd" >&2
     $cmd > "$RUNS/$ds-t$t.log" 2>&1 || { echo "FAILED: $ds T=$t (see $RUNS/$ds-t$t.log)" >&2; exit 1; }
