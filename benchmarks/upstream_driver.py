@@ -285,6 +285,10 @@ class PromptLookupRunner:
     Two ``Llama`` objects on the same target, built once and reused for every prompt.
     ``num_pred_tokens`` = drafts per pass (llama-cpp-python's default is 10; we pass n_max).
     ``flash_attn`` should match the decoder compared against (llama.cpp's auto = on).
+    ``threads=None`` keeps llama-cpp-python's own defaults (``n_threads`` = cores // 2 for
+    one-token decodes, ``n_threads_batch`` = cores), so its tokens/s are what its users get, not
+    what our decoder (all cores for both) gets: compare its prompt-lookup speedup with its own
+    plain run, and pass ``threads`` for like-for-like tokens/s.
     """
 
     def __init__(self, target, *, n_ctx: int = 4096, threads: Optional[int] = None, num_pred_tokens: int = 7,
