@@ -11,6 +11,7 @@ Reads every ``<runs>/*/bench.json`` (written by ``dflash2-gguf bench --out``), a
   and decode speedup, T=0 mismatches, and the side-by-side runs when present (upstream
   ``llama-speculative-simple``'s tau and decode speedup over ``llama-completion``; our decode
   tokens/s with the drafter over upstream's; llama-cpp-python prompt-lookup speedup);
+- at T=0, how many requests each decoder's text departs from our target-alone text;
 - the cost of a speculative cycle per run (verify, draft, the rest, in ms and in one-token
   decodes: the acceptance length at which drafting breaks even);
 - per-position conditional acceptance per run, and one plot with a line per run.
@@ -156,6 +157,45 @@ def cost_table(reps: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def text_diverges(ours: str, theirs: str) -> bool:
+    """Whether ``theirs`` departs from ``ours`` (T=0 texts of the same prompt) before either ends.
+
+    ``theirs`` may carry the echoed prompt in front (upstream's tools print it) and an
+    ``[end of text]`` marker; it is aligned at the first 40 characters of ``ours``. A text that
+    stops earlier or later but agrees up to there does not diverge.
+    """
+    o = ours.strip()
+    t = theirs.replace("[end of text]", "")
+    j = t.find(o[:40])
+    if j < 0:
+        return bool(o)
+    t = t[j:].strip()
+    m = min(len(o), len(t))
+    return o[:m] != t[:m]
+
+
+_SIDE_TEXTS = [("upstream_spec", "upstream speculative"), ("upstream_base", "upstream plain"),
+               ("llama_cpp_python", "llama-cpp-python plain"), ("prompt_lookup", "prompt lookup")]
+
+
+def lossless_table(reps: list[dict]) -> str:
+    """T=0 runs: requests whose text departs from our target-alone text, per decoder."""
+    head = "| prompt set | requests | ours + drafter | " + " | ".join(n for _, n in _SIDE_TEXTS) + " |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in reps:
+        if r["config"]["temperature"] != 0:
+            continue
+        base = [q["base"]["text"] for q in r["requests"]]
+        side = (r.get("side_by_side") or {}).get("requests") or []
+        cells = []
+        for key, _ in _SIDE_TEXTS:
+            pairs = [(b, q[key]["text"]) for b, q in zip(base, side) if key in q]
+            cells.append(f"{sum(text_diverges(b, t) for b, t in pairs)}/{len(pairs)}" if pairs else "n/a")
+        lines.append(f"| {r['config']['dataset']} | {len(base)} | {r['summary']['mismatches']}/{len(base)} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def per_position_table(reps: list[dict]) -> str:
     n = max((len(r["summary"]["per_position_acceptance"]) for r in reps), default=0)
     lines = ["| prompt set | T | " + " | ".join(f"pos {i + 1}" for i in range(n)) + " |",
@@ -221,6 +261,13 @@ def render(reps: list[dict], *, commands: str, plot_rel: str, kept: str) -> str:
         "tau = tokens committed per target pass (bonus included), averaged per request. Speedup = time per "
         "output token of the target alone / with the drafter, prefill included; decode speedup excludes the "
         "prefill. T=0 mismatches = requests whose tokens differ between the two runs.",
+        "",
+        "## T=0: output against the target alone",
+        "",
+        lossless_table(reps),
+        "",
+        "Requests whose greedy text departs (before either stops) from our decoder's target-alone text. "
+        "\"ours + drafter\" compares token ids; the other columns compare the texts the tools print.",
         "",
         "## Cost of a cycle",
         "",

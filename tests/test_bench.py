@@ -125,6 +125,26 @@ def test_report_cycle_cost_sums_requests():
     assert br.cycle_cost(rep) is None and len(br.cost_table([rep]).splitlines()) == 2
 
 
+def test_report_lossless_table_aligns_echoed_prompts():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks import report as br
+
+    ours = "To solve this problem, we need to add 48 and 24, which gives 72 clips."
+    echo = "<|im_start|>user\nNatalia sold clips...<|im_end|>\n<|im_start|>assistant\n"
+    assert not br.text_diverges(ours, echo + ours + " [end of text]")
+    assert not br.text_diverges(ours, ours[:50])                     # stopped earlier, agrees so far
+    assert br.text_diverges(ours, echo + ours.replace("72", "70"))    # departs at the answer
+    assert br.text_diverges(ours, "Something else entirely, longer than forty characters.")
+    req = [{"base": {"text": ours}}, {"base": {"text": ours + " Done."}}]
+    side = [{"upstream_spec": {"text": echo + ours}, "prompt_lookup": {"text": ours}},
+            {"upstream_spec": {"text": echo + ours + " Finished."}, "prompt_lookup": {"text": ours + " Done."}}]
+    rep = {"config": {"dataset": "gsm8k", "temperature": 0.0}, "summary": {"mismatches": 1},
+           "requests": req, "side_by_side": {"requests": side}}
+    t1 = dict(rep, config={"dataset": "gsm8k", "temperature": 1.0})
+    lines = br.lossless_table([rep, t1]).splitlines()
+    assert lines[2:] == ["| gsm8k | 2 | 1/2 | 1/2 | n/a | n/a | 0/2 |"]
+
+
 # ---------------------------------------------------------------------------- smoke run
 
 @pytest.mark.native
