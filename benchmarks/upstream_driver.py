@@ -226,6 +226,8 @@ def _common_flags(target, prompt_file: Path, n_predict: int, temp: float, seed: 
                   threads: Optional[int], n_ctx: int) -> list:
     flags = ["-m", str(target), "-f", str(prompt_file), "-n", str(n_predict), "--temp", str(temp),
              "--seed", str(seed), "-c", str(n_ctx), "--no-escape"]
+    if temp > 0:   # plain temperature sampling, as our bench samples (llama.cpp's defaults truncate)
+        flags += ["--top-k", "0", "--top-p", "1.0", "--min-p", "0.0"]
     if threads:
         flags += ["-t", str(threads)]
     return flags
@@ -310,7 +312,10 @@ class PromptLookupRunner:
         llm.reset()
         ids = llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
         t0 = time.perf_counter()
-        out = llm.create_completion(ids, max_tokens=n_predict, temperature=temp, seed=seed, top_k=1 if temp == 0 else 40)
+        # T>0: plain temperature sampling like our bench (llama-cpp-python's defaults truncate: top_k
+        # 40, top_p 0.95, min_p 0.05)
+        trunc = dict(top_k=1) if temp == 0 else dict(top_k=0, top_p=1.0, min_p=0.0)
+        out = llm.create_completion(ids, max_tokens=n_predict, temperature=temp, seed=seed, **trunc)
         wall = time.perf_counter() - t0
         n = int(out["usage"]["completion_tokens"])
         return UpstreamRun(tool="prompt-lookup" if lookup else "llama-cpp-python", n_generated=n, decode_s=wall,

@@ -145,6 +145,18 @@ def test_report_lossless_table_aligns_echoed_prompts():
     assert lines[2:] == ["| gsm8k | 2 | 1/2 | 1/2 | n/a | n/a | 0/2 |"]
 
 
+def test_upstream_flags_sample_like_ours():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.upstream_driver import _common_flags
+
+    greedy = _common_flags("t.gguf", Path("p.txt"), 16, 0.0, 1, None, 4096)
+    sampled = _common_flags("t.gguf", Path("p.txt"), 16, 1.0, 1, 2, 4096)
+    assert "--top-k" not in greedy and greedy[greedy.index("--temp") + 1] == "0.0"
+    # T>0: no truncation (llama.cpp's defaults are top-k 40, top-p 0.95, min-p 0.05), as bench samples
+    assert sampled[sampled.index("--top-k") + 1] == "0" and sampled[sampled.index("--top-p") + 1] == "1.0"
+    assert sampled[sampled.index("--min-p") + 1] == "0.0" and sampled[-2:] == ["-t", "2"]
+
+
 # ---------------------------------------------------------------------------- smoke run
 
 @pytest.mark.native
