@@ -207,8 +207,12 @@ def per_position_table(reps: list[dict]) -> str:
     return "\n".join(lines)
 
 
+MIN_REACHED = 20   # plot a position only where at least this many drafts reached it
+
+
 def plot(reps: list[dict], path: Path) -> Path:
-    """Per-position conditional acceptance, one line per run (solid T=0, dashed T>0)."""
+    """Per-position conditional acceptance, one line per run (solid T=0, dashed T>0); positions
+    reached by fewer than :data:`MIN_REACHED` drafts in a run are left out (too few to say)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -216,7 +220,9 @@ def plot(reps: list[dict], path: Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in reps:
-        p = [math.nan if x is None else x for x in r["summary"]["per_position_acceptance"]]
+        reached = r["summary"].get("pos_reached") or []
+        p = [math.nan if x is None or (i < len(reached) and reached[i] < MIN_REACHED) else x
+             for i, x in enumerate(r["summary"]["per_position_acceptance"])]
         c = r["config"]
         ax.plot(range(1, len(p) + 1), p, marker="o", linestyle="-" if c["temperature"] == 0 else "--",
                 label=f"{c['dataset']} T={c['temperature']:g}")
@@ -248,7 +254,7 @@ def render(reps: list[dict], *, commands: str, plot_rel: str, kept: str) -> str:
         "",
         f"Machine: {machine()}",
         "",
-        "Commands:",
+        "Commands (as `scripts/benchmarks.sh` ran them, with OpenMP's default wait policy):",
         "",
         "```bash",
         commands.strip(),
@@ -282,6 +288,9 @@ def render(reps: list[dict], *, commands: str, plot_rel: str, kept: str) -> str:
         per_position_table(reps),
         "",
         f"![per-position acceptance]({plot_rel})",
+        "",
+        f"The plot leaves out positions that fewer than {MIN_REACHED} drafts of a run reached; the table "
+        "keeps them.",
         "",
         KEEP_START,
         kept.strip() or "## Reading the figures\n\n(to be written after the run)",
