@@ -142,6 +142,7 @@ def cycle_cost(rep: dict) -> Optional[dict]:
 
 
 def cost_table(reps: list[dict]) -> str:
+    """Markdown table of :func:`cycle_cost` per run (runs without timings are left out)."""
     head = ("| prompt set | T | decode ms/token (target alone) | verify ms/cycle | draft ms/cycle | "
             "rest ms/cycle | break-even tau (cycle / decode) | pooled tau | expected decode speedup | "
             "measured decode speedup |")
