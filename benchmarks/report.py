@@ -42,6 +42,12 @@ def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return a / b if a is not None and b else None
 
 
+def _md_table(columns: list[str], rows: list[list[str]]) -> str:
+    """A markdown table: header, separator, one line per row of cell strings."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in rows])
+
+
 def machine() -> str:
     """One paragraph describing this machine (CPU, cores, memory, library versions)."""
     cpu = platform.processor() or platform.machine()
@@ -96,19 +102,18 @@ def _side(rep: dict) -> dict[str, Any]:
 
 
 def summary_table(reps: list[dict]) -> str:
-    head = ("| prompt set | T | requests | tau | target alone tok/s | with drafter tok/s | speedup | "
-            "decode speedup | T=0 mismatches | upstream tau | upstream decode speedup | "
-            "ours / upstream (decode tok/s, drafter) | prompt-lookup speedup |")
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    columns = ["prompt set", "T", "requests", "tau", "target alone tok/s", "with drafter tok/s", "speedup",
+               "decode speedup", "T=0 mismatches", "upstream tau", "upstream decode speedup",
+               "ours / upstream (decode tok/s, drafter)", "prompt-lookup speedup"]
+    rows = []
     for r in reps:
         c, s, sd = r["config"], r["summary"], _side(r)
-        lines.append(
-            f"| {c['dataset']} | {c['temperature']:g} | {s['n_requests']} | {_f(s['acceptance_length'], 3)} | "
-            f"{_f(s['base_tokens_per_second'])} | {_f(s['spec_tokens_per_second'])} | {_f(s['speedup'])} | "
-            f"{_f(s['decode_speedup'])} | {s['mismatches'] if c['temperature'] == 0 else '-'} | "
-            f"{_f(sd.get('up_tau'), 3)} | {_f(sd.get('up_speedup'))} | {_f(sd.get('ours_over_up'))} | "
-            f"{_f(sd.get('pl_speedup'))} |")
-    return "\n".join(lines)
+        rows.append([c["dataset"], f"{c['temperature']:g}", str(s["n_requests"]), _f(s["acceptance_length"], 3),
+                     _f(s["base_tokens_per_second"]), _f(s["spec_tokens_per_second"]), _f(s["speedup"]),
+                     _f(s["decode_speedup"]), str(s["mismatches"]) if c["temperature"] == 0 else "-",
+                     _f(sd.get("up_tau"), 3), _f(sd.get("up_speedup")), _f(sd.get("ours_over_up")),
+                     _f(sd.get("pl_speedup"))])
+    return _md_table(columns, rows)
 
 
 def cycle_cost(rep: dict) -> Optional[dict]:
@@ -143,19 +148,17 @@ def cycle_cost(rep: dict) -> Optional[dict]:
 
 def cost_table(reps: list[dict]) -> str:
     """Markdown table of :func:`cycle_cost` per run (runs without timings are left out)."""
-    head = ("| prompt set | T | decode ms/token (target alone) | verify ms/cycle | draft ms/cycle | "
-            "rest ms/cycle | break-even tau (cycle / decode) | pooled tau | expected decode speedup | "
-            "measured decode speedup |")
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    columns = ["prompt set", "T", "decode ms/token (target alone)", "verify ms/cycle", "draft ms/cycle",
+               "rest ms/cycle", "break-even tau (cycle / decode)", "pooled tau", "expected decode speedup",
+               "measured decode speedup"]
+    rows = []
     for r in reps:
-        c, k = r["config"], cycle_cost(r)
-        if k is None:
-            continue
-        lines.append(f"| {c['dataset']} | {c['temperature']:g} | {_f(k['decode'], 1)} | {_f(k['verify'], 1)} | "
-                     f"{_f(k['draft'], 1)} | {_f(k['rest'], 1)} | {_f(k['break_even'])} | "
-                     f"{_f(r['summary'].get('acceptance_length_pooled'), 3)} | {_f(k['expected'])} | "
-                     f"{_f(r['summary'].get('decode_speedup'))} |")
-    return "\n".join(lines)
+        c, s, k = r["config"], r["summary"], cycle_cost(r)
+        if k is not None:
+            rows.append([c["dataset"], f"{c['temperature']:g}", _f(k["decode"], 1), _f(k["verify"], 1),
+                         _f(k["draft"], 1), _f(k["rest"], 1), _f(k["break_even"]),
+                         _f(s.get("acceptance_length_pooled"), 3), _f(k["expected"]), _f(s.get("decode_speedup"))])
+    return _md_table(columns, rows)
 
 
 def text_diverges(ours: str, theirs: str) -> bool:
@@ -181,31 +184,27 @@ _SIDE_TEXTS = [("upstream_spec", "upstream speculative"), ("upstream_base", "ups
 
 def lossless_table(reps: list[dict]) -> str:
     """T=0 runs: requests whose text departs from our target-alone text, per decoder."""
-    head = "| prompt set | requests | ours + drafter | " + " | ".join(n for _, n in _SIDE_TEXTS) + " |"
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    rows = []
     for r in reps:
         if r["config"]["temperature"] != 0:
             continue
         base = [q["base"]["text"] for q in r["requests"]]
         side = (r.get("side_by_side") or {}).get("requests") or []
-        cells = []
+        cells = [r["config"]["dataset"], str(len(base)), f"{r['summary']['mismatches']}/{len(base)}"]
         for key, _ in _SIDE_TEXTS:
             pairs = [(b, q[key]["text"]) for b, q in zip(base, side) if key in q]
             cells.append(f"{sum(text_diverges(b, t) for b, t in pairs)}/{len(pairs)}" if pairs else "n/a")
-        lines.append(f"| {r['config']['dataset']} | {len(base)} | {r['summary']['mismatches']}/{len(base)} | "
-                     + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(cells)
+    return _md_table(["prompt set", "requests", "ours + drafter", *(n for _, n in _SIDE_TEXTS)], rows)
 
 
 def per_position_table(reps: list[dict]) -> str:
     n = max((len(r["summary"]["per_position_acceptance"]) for r in reps), default=0)
-    lines = ["| prompt set | T | " + " | ".join(f"pos {i + 1}" for i in range(n)) + " |",
-             "|---|---|" + "---|" * n]
+    rows = []
     for r in reps:
-        p = r["summary"]["per_position_acceptance"]
-        lines.append(f"| {r['config']['dataset']} | {r['config']['temperature']:g} | "
-                     + " | ".join(_f(x, 3) for x in p) + " |" + " |" * (n - len(p)))
-    return "\n".join(lines)
+        p = [_f(x, 3) for x in r["summary"]["per_position_acceptance"]]
+        rows.append([r["config"]["dataset"], f"{r['config']['temperature']:g}", *p, *[""] * (n - len(p))])
+    return _md_table(["prompt set", "T", *(f"pos {i + 1}" for i in range(n))], rows)
 
 
 MIN_REACHED = 20   # plot a position only where at least this many drafts reached it
