@@ -78,19 +78,6 @@ def tiny_peaked(tiny_dir):
 
 
 @pytest.fixture(scope="session")
-def smollm2_f32_gguf(smollm2_gguf):
-    """The pinned SmolLM2-135M-Instruct Q4_1 dequantized to F32 (same weights), cached next to
-    it. Greedy equality tests use it: with Q4_1 weights libllama's CPU kernels give batched
-    passes (verification) different last bits than one-token decodes, which flips near-ties."""
-    from tiny_models import dequantize_gguf
-
-    out = smollm2_gguf.parent / "SmolLM2-135M-Instruct.F32-from-Q4_1.gguf"
-    if not out.is_file():
-        dequantize_gguf(smollm2_gguf, out)
-    return out
-
-
-@pytest.fixture(scope="session")
 def smollm2_drafters(tmp_path_factory, smollm2_gguf):
     """{1: v1, 2: v2}: random 2-layer SmolLM2 drafters (hidden 576, block 8), q8_0, converted
     with our converter from checkpoints in the authors' format."""

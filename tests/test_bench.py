@@ -135,14 +135,16 @@ def test_report_lossless_table_aligns_echoed_prompts():
     assert not br.text_diverges(ours, ours[:50])                     # stopped earlier, agrees so far
     assert br.text_diverges(ours, echo + ours.replace("72", "70"))    # departs at the answer
     assert br.text_diverges(ours, "Something else entirely, longer than forty characters.")
-    req = [{"base": {"text": ours}}, {"base": {"text": ours + " Done."}}]
+    req = [{"base": {"text": ours}, "n_prompt": 90, "first_mismatch": None},
+           {"base": {"text": ours + " Done."}, "n_prompt": 250, "first_mismatch": 7}]
     side = [{"upstream_spec": {"text": echo + ours}, "prompt_lookup": {"text": ours}},
             {"upstream_spec": {"text": echo + ours + " Finished."}, "prompt_lookup": {"text": ours + " Done."}}]
     rep = {"config": {"dataset": "gsm8k", "temperature": 0.0}, "summary": {"mismatches": 1},
            "requests": req, "side_by_side": {"requests": side}}
     t1 = dict(rep, config={"dataset": "gsm8k", "temperature": 1.0})
     lines = br.lossless_table([rep, t1]).splitlines()
-    assert lines[2:] == ["| gsm8k | 2 | 1/2 | 1/2 | n/a | n/a | 0/2 |"]
+    assert lines[2:] == ["| gsm8k | 2 | 1/2 | 257 | 1/2 | n/a | n/a | 0/2 |"]
+    assert br.departure_context(req[0]) is None and br.departure_context(req[1]) == 257
 
 
 def test_upstream_flags_sample_like_ours():

@@ -166,39 +166,3 @@ def rewrite_gguf(src: str | Path, dst: str | Path, overrides: Mapping[str, Any])
     w.write_tensors_to_file()
     w.close()
     return Path(dst)
-
-
-def dequantize_gguf(src: str | Path, dst: str | Path) -> Path:
-    """Write ``dst``: a copy of GGUF ``src`` with every tensor dequantized to F32 (same keys,
-    ``general.file_type`` = ALL_F32). Written to a temp file, then renamed."""
-    from gguf.quants import dequantize
-
-    dst = Path(dst)
-    tmp = dst.with_suffix(".tmp")
-    r = gguf.GGUFReader(str(src))
-    f_arch = r.fields["general.architecture"]
-    w = gguf.GGUFWriter(str(tmp), bytes(f_arch.parts[f_arch.data[0]]).decode())
-    for name, f in r.fields.items():
-        if name in ("general.architecture", "GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"):
-            continue
-        vt = f.types[0]
-        if name == "general.file_type":
-            w.add_key_value(name, int(gguf.LlamaFileType.ALL_F32), vt)
-        elif vt == gguf.GGUFValueType.ARRAY:
-            sub = f.types[-1]
-            val = ([bytes(f.parts[i]) for i in f.data] if sub == gguf.GGUFValueType.STRING
-                   else [x.item() for i in f.data for x in f.parts[i]])
-            w.add_key_value(name, val, vt, sub_type=sub)
-        elif vt == gguf.GGUFValueType.STRING:
-            w.add_key_value(name, bytes(f.parts[f.data[0]]), vt)
-        else:
-            w.add_key_value(name, f.parts[f.data[0]][0].item(), vt)
-    for t in r.tensors:
-        shape = [int(x) for x in reversed(t.shape)]
-        w.add_tensor(t.name, dequantize(t.data, t.tensor_type).reshape(shape).astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    tmp.replace(dst)
-    return dst
