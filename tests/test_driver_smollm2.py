@@ -14,7 +14,9 @@ logits differ by up to 1.8 from cell 257 on, identical before), and a batched ve
 from it at near-ties. The benchmarks' T = 0 departures all sit beyond cell 256
 (BENCHMARKS.md). With flash attention off, the plain KQ / KQV matmuls of a one-token pass
 differ from a batched pass at any length (up to 1.6 on logits of ~20), so both sides run with
-it on. Every prompt here stays within 256 cells, which ``_check`` asserts.
+it on. With 2 threads every prompt here stays within 256 cells, which ``_check`` asserts; with
+one thread the split-KV kernel has a single chunk and sums like the batched one, and
+``test_greedy_equals_llama_cpp_one_thread_beyond_256_cells`` checks equality up to 306 cells.
 
 EOG tokens are ignored on both sides so every prompt yields exactly ``n`` tokens. The full
 check (20 prompts x 128 new tokens, both drafter versions, n_max cycling through full block,
@@ -67,19 +69,23 @@ def _llama_cpp_greedy(llm, ids, n):
     return out
 
 
-def _check(smollm2_gguf, drafters, prompts, n_new, n_draft_max_cycle=(None,)):
+def _check(smollm2_gguf, drafters, prompts, n_new, n_draft_max_cycle=(None,), n_threads=2):
     import llama_cpp
 
     from dflash2_gguf import DFlashDecoder, SamplingParams
 
-    llm = llama_cpp.Llama(str(smollm2_gguf), n_ctx=512, n_threads=2, flash_attn=True, verbose=False)
+    llm = llama_cpp.Llama(str(smollm2_gguf), n_ctx=512, n_threads=n_threads, n_threads_batch=n_threads,
+                          flash_attn=True, verbose=False)
     greedy = SamplingParams.greedy_params()
-    with DFlashDecoder(smollm2_gguf, drafters[1], n_ctx=512, n_threads=2, flash_attn=True) as d1, \
-         DFlashDecoder(smollm2_gguf, drafters[2], n_ctx=512, n_threads=2, flash_attn=True) as d2:
+    kw = dict(n_ctx=512, n_threads=n_threads, flash_attn=True)
+    max_cells = 0
+    with DFlashDecoder(smollm2_gguf, drafters[1], **kw) as d1, DFlashDecoder(smollm2_gguf, drafters[2], **kw) as d2:
         for i, text in enumerate(prompts):
             ids = d1.tokenize(text)
-            assert len(ids) + n_new <= MAX_CELLS, "beyond 256 cells one-token decodes change kernel"
+            if n_threads > 1:
+                assert len(ids) + n_new <= MAX_CELLS, "beyond 256 cells one-token decodes change kernel"
             ref = _llama_cpp_greedy(llm, ids, n_new)
+            max_cells = max(max_cells, len(ids) + n_new)
             assert len(ref) == n_new
             for dec in (d1, d2):
                 nmax = n_draft_max_cycle[i % len(n_draft_max_cycle)]
@@ -90,6 +96,7 @@ def _check(smollm2_gguf, drafters, prompts, n_new, n_draft_max_cycle=(None,)):
                     f"prompt {i} ({text!r}), drafter v{dec.drafter_version}, n_max {nmax}: departs at token "
                     f"{j}: ours {r.tokens[j:j + 4] if j is not None else r.tokens[-4:]}, "
                     f"llama.cpp {ref[j:j + 4] if j is not None else ref[-4:]}")
+    return max_cells
 
 
 def test_greedy_equals_llama_cpp_quick(native_ext, smollm2_gguf, smollm2_drafters):
@@ -100,3 +107,11 @@ def test_greedy_equals_llama_cpp_quick(native_ext, smollm2_gguf, smollm2_drafter
 def test_greedy_equals_llama_cpp_20_prompts_128_tokens(native_ext, smollm2_gguf, smollm2_drafters):
     assert len(PROMPTS) >= 20
     _check(smollm2_gguf, smollm2_drafters, PROMPTS, 128, (None, 3, 1))
+
+
+@pytest.mark.slow
+def test_greedy_equals_llama_cpp_one_thread_beyond_256_cells(native_ext, smollm2_gguf, smollm2_drafters):
+    """With one thread the split-KV kernel has one chunk and sums like the batched kernel, so
+    the equality holds past 256 cells too (178-token prompts + 128 tokens)."""
+    long_prompts = ["\n".join(PROMPTS), "\n".join(reversed(PROMPTS))]
+    assert _check(smollm2_gguf, smollm2_drafters, long_prompts, 128, (None, 3), n_threads=1) > MAX_CELLS + 32
