@@ -174,6 +174,10 @@ class DFlashDecoder:
             effective only when llama-cpp-python was built with CUDA/Metal/...).
         n_batch: Target prefill chunk.
         flash_attn: None = llama.cpp auto, True/False to force.
+        repack: CPU weight repacking (llama.cpp ``--repack``, the default; False is
+            ``--no-repack``: weights stay in the GGUF's layout). Repacked K-quant weights take
+            other kernels for a one-token decode than for a batched pass; see "Exactness at
+            T = 0" in the README.
         kv_f32_draft: F32 drafter K/V cache instead of F16 (bit-level parity work).
         capture: ``"auto"`` | ``"layer_inp"`` | ``"cb_eval"`` feature capture path.
         verbose: Print llama.cpp's own log (model loading, contexts) to stderr; otherwise only
@@ -205,6 +209,7 @@ class DFlashDecoder:
         n_batch: int = 512,
         flash_attn: Optional[bool] = None,
         kv_f32_draft: bool = False,
+        repack: bool = True,
         capture: str = "auto",
         verbose: bool = False,
     ) -> None:
@@ -232,6 +237,7 @@ class DFlashDecoder:
         o.n_batch = int(n_batch)
         o.flash_attn = -1 if flash_attn is None else int(bool(flash_attn))
         o.kv_f32_draft = bool(kv_f32_draft)
+        o.repack = bool(repack)
         o.capture = capture
         self.target_path = str(target)
         self.drafter_path = None if drafter is None else str(drafter)

@@ -478,7 +478,7 @@ def run_bench(
                       n_draft_max=nmax, block_size=block, drafter_version=dec.drafter_version,
                       threads=n_threads, n_ctx=n_ctx, capture_path=dec.capture_path,
                       prompt_pick="random.Random(42).shuffle", warmup=warmup,
-                      flash_attn=kw.get("flash_attn"))
+                      flash_attn=kw.get("flash_attn"), repack=kw.get("repack", True))
     if not requests:
         raise ValueError("no prompt fits the context: raise -c or lower --max-new-tokens")
     summary = summarize(requests, block)
@@ -622,6 +622,8 @@ def add_bench_args(p) -> None:
 
 def run_from_args(args) -> int:
     """Run ``dflash2-gguf bench`` from parsed flags; print the markdown table. Returns 0."""
+    from .cli import decoder_kwargs
+
     md = args.model_draft
     if md is None or str(md).lower() == "none":
         raise ValueError("bench needs a drafter (-md DRAFT.gguf)")
@@ -637,9 +639,7 @@ def run_from_args(args) -> int:
         args.model, md, args.dataset, n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens,
         temperature=args.temp, seed=args.seed, out=args.out, n_draft_max=args.spec_draft_n_max,
         n_threads=args.threads, n_ctx=args.ctx_size,
-        decoder_kwargs=dict(n_ctx_draft=args.ctx_size_draft, n_threads_draft=args.threads_draft,
-                            n_gpu_layers=args.n_gpu_layers, n_gpu_layers_draft=args.n_gpu_layers_draft,
-                            capture=args.capture, verbose=args.verbose),
+        decoder_kwargs={k: v for k, v in decoder_kwargs(args).items() if k not in ("n_ctx", "n_threads")},
         warmup=not args.no_warmup, upstream=args.upstream, prompt_lookup=args.prompt_lookup,
         progress=not args.no_progress,
     )

@@ -16,13 +16,13 @@ import json
 import sys
 from typing import Optional, Sequence
 
-__all__ = ["main", "SUBCOMMANDS", "build_parser", "add_model_args", "add_sampling_args"]
+__all__ = ["main", "SUBCOMMANDS", "build_parser", "add_model_args", "add_sampling_args", "decoder_kwargs"]
 
 
 # ---------------------------------------------------------------------------- shared helpers
 
 def add_model_args(p: argparse.ArgumentParser, *, drafter_required: bool = True) -> None:
-    """``-m/-md/-c/-cd/-t/-td/-ngl/-ngld`` (model and context flags shared by subcommands)."""
+    """``-m/-md/-c/-cd/-t/-td/-ngl/-ngld/-fa/-nr`` (model and context flags shared by subcommands)."""
     p.add_argument("-m", "--model", required=True, help="target model GGUF")
     p.add_argument("-md", "--model-draft", required=drafter_required, default=None,
                    help="dflash drafter GGUF, or 'none' for the target alone")
@@ -32,6 +32,9 @@ def add_model_args(p: argparse.ArgumentParser, *, drafter_required: bool = True)
     p.add_argument("-td", "--threads-draft", type=int, default=None, help="drafter CPU threads")
     p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="target layers on GPU (-1 = all)")
     p.add_argument("-ngld", "--n-gpu-layers-draft", type=int, default=None, help="drafter layers on GPU")
+    p.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"), default="auto",
+                   help="flash attention, both models (default: llama.cpp's auto)")
+    p.add_argument("-nr", "--no-repack", action="store_true", help="disable CPU weight repacking, both models")
     p.add_argument("--capture", choices=("auto", "layer_inp", "cb_eval"), default="auto",
                    help="target feature capture path (default: from the target architecture)")
     p.add_argument("-v", "--verbose", action="store_true", help="print llama.cpp's log to stderr")
@@ -46,18 +49,23 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="RNG seed (default: random)")
 
 
+def decoder_kwargs(args: argparse.Namespace) -> dict:
+    """:class:`~dflash2_gguf.api.DFlashDecoder` keywords from :func:`add_model_args` flags (all
+    but the two paths)."""
+    return dict(n_ctx=args.ctx_size, n_ctx_draft=args.ctx_size_draft, n_threads=args.threads,
+                n_threads_draft=args.threads_draft, n_gpu_layers=args.n_gpu_layers,
+                n_gpu_layers_draft=args.n_gpu_layers_draft,
+                flash_attn={"on": True, "off": False}.get(args.flash_attn), repack=not args.no_repack,
+                capture=args.capture, verbose=args.verbose)
+
+
 def open_decoder(args: argparse.Namespace):
     """Build a :class:`~dflash2_gguf.api.DFlashDecoder` from :func:`add_model_args` flags."""
     from .api import DFlashDecoder
 
     md = args.model_draft
     drafter = None if md is None or str(md).lower() == "none" else md
-    return DFlashDecoder(
-        args.model, drafter, n_ctx=args.ctx_size, n_ctx_draft=args.ctx_size_draft,
-        n_threads=args.threads, n_threads_draft=args.threads_draft,
-        n_gpu_layers=args.n_gpu_layers, n_gpu_layers_draft=args.n_gpu_layers_draft,
-        capture=args.capture, verbose=args.verbose,
-    )
+    return DFlashDecoder(args.model, drafter, **decoder_kwargs(args))
 
 
 # ---------------------------------------------------------------------------- generate

@@ -237,6 +237,7 @@ Engine::Engine(const EngineOptions & opt) : opt_(opt) {
     // 2. Target model.
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = opt.n_gpu_layers;
+    mp.use_extra_bufts = opt.repack;
     model_tgt_ = llama_model_load_from_file(opt.target_path.c_str(), mp);
     if (!model_tgt_) throw Error(kErrLoad, "failed to load target GGUF '" + opt.target_path + "'");
     try {
@@ -321,6 +322,7 @@ Engine::Engine(const EngineOptions & opt) : opt_(opt) {
         if (want_dft) {
             llama_model_params dp = llama_model_default_params();
             dp.n_gpu_layers = opt.n_gpu_layers_draft;
+            dp.use_extra_bufts = opt.repack;
             model_dft_ = llama_model_load_from_file(opt.drafter_path.c_str(), dp);
             if (!model_dft_) throw Error(kErrLoad, "failed to load drafter GGUF '" + opt.drafter_path + "'");
             if (llama_model_n_embd(model_dft_) != n_embd_ ||

@@ -57,6 +57,7 @@ struct EngineOptions {
     int  n_gpu_layers_draft = 0;
     int  flash_attn         = -1;   // -1 auto, 0 off, 1 on (both contexts)
     bool kv_f32_draft       = false;// F32 drafter K/V cache (parity tests); default F16
+    bool repack             = true; // llama.cpp --repack: CPU weight repacking (use_extra_bufts), both models
     std::string capture     = "auto"; // "auto" | "layer_inp" | "cb_eval"
 };
 

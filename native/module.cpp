@@ -119,6 +119,7 @@ NB_MODULE(_native, m) {
         .def_rw("n_gpu_layers_draft", &dflash2::EngineOptions::n_gpu_layers_draft)
         .def_rw("flash_attn", &dflash2::EngineOptions::flash_attn)
         .def_rw("kv_f32_draft", &dflash2::EngineOptions::kv_f32_draft)
+        .def_rw("repack", &dflash2::EngineOptions::repack)
         .def_rw("capture", &dflash2::EngineOptions::capture);
 
     nb::class_<dflash2::GenParams>(m, "GenParams")

@@ -45,6 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace):
     """:class:`~dflash2_gguf.server.app.ServerSettings` from parsed ``serve`` flags."""
+    from ..cli import decoder_kwargs
     from .app import ServerSettings
 
     md = args.model_draft
@@ -63,9 +64,7 @@ def settings_from_args(args: argparse.Namespace):
         if p is not None and not os.path.isfile(p):
             raise FileNotFoundError(f"no such GGUF file: {p}")
     return ServerSettings(
-        model=args.model, model_draft=md, n_ctx=args.ctx_size, n_ctx_draft=args.ctx_size_draft,
-        n_threads=args.threads, n_threads_draft=args.threads_draft, n_gpu_layers=args.n_gpu_layers,
-        n_gpu_layers_draft=args.n_gpu_layers_draft, capture=args.capture, verbose=args.verbose, n_draft_max=args.spec_draft_n_max,
+        model=args.model, model_draft=md, **decoder_kwargs(args), n_draft_max=args.spec_draft_n_max,
         p_min=args.spec_draft_p_min, api_key=args.api_key or None, alias=args.alias, max_queue=args.queue_size,
     )
 

@@ -61,7 +61,7 @@ class ServerSettings:
         model: Target GGUF (``-m``).
         model_draft: Drafter GGUF (``-md``); None serves the target alone.
         n_ctx / n_ctx_draft / n_threads / n_threads_draft / n_gpu_layers / n_gpu_layers_draft /
-            capture: :class:`~dflash2_gguf.api.DFlashDecoder` keywords.
+            flash_attn / repack / capture: :class:`~dflash2_gguf.api.DFlashDecoder` keywords.
         n_draft_max: Default drafts verified per cycle (``--spec-draft-n-max``; None = block
             size - 1); a request may lower it with ``n_draft_max``.
         p_min: ``--spec-draft-p-min``.
@@ -79,6 +79,8 @@ class ServerSettings:
     n_threads_draft: Optional[int] = None
     n_gpu_layers: int = 0
     n_gpu_layers_draft: Optional[int] = None
+    flash_attn: Optional[bool] = None
+    repack: bool = True
     capture: str = "auto"
     verbose: bool = False
     n_draft_max: Optional[int] = None
@@ -101,7 +103,7 @@ class ServerSettings:
             self.model, self.model_draft, n_ctx=self.n_ctx, n_ctx_draft=self.n_ctx_draft,
             n_threads=self.n_threads, n_threads_draft=self.n_threads_draft,
             n_gpu_layers=self.n_gpu_layers, n_gpu_layers_draft=self.n_gpu_layers_draft,
-            capture=self.capture, verbose=self.verbose,
+            flash_attn=self.flash_attn, repack=self.repack, capture=self.capture, verbose=self.verbose,
         )
 
 
