@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The main job: set up, convert a DFlash 2 drafter to GGUF, and run speculative decoding with it
-# on the default real target (SmolLM2-135M-Instruct, Q4_1), next to the target alone.
+# The main job: set up, convert the DFlash 2 drafter's HF checkpoint to GGUF, and run speculative
+# decoding with it on the default real target (SmolLM2-135M-Instruct, Q4_1), next to the target
+# alone.
 #
-# The drafter: models/smollm2-135m-dflash2.gguf, trained here for this target (docs/TRAINING.md,
-# models/smollm2-135m-dflash2.json). Should that file be missing, an untrained drafter of the
-# same shape is initialised in the authors' HF format and converted (acceptance length ~1: it
-# shows the path, not a speedup).
+# The drafter: models/SmolLM2-135M-DFlash2 (the authors' DFlash2DraftModel layout: config.json +
+# bf16 model.safetensors), trained here for this target (docs/TRAINING.md,
+# models/smollm2-135m-dflash2.json). The conversion must reproduce the committed
+# models/smollm2-135m-dflash2.gguf byte for byte; the script stops if it does not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -16,31 +17,28 @@ bash scripts/setup.sh torch
 TARGET=$("$PY" -m dflash2_gguf.assets smollm2-135m-instruct-q4_1)
 WORK=${DFLASH2_GGUF_CACHE:-$HOME/.cache/dflash2-gguf}/main-job
 mkdir -p "$WORK"
-DRAFT=models/smollm2-135m-dflash2.gguf
-if [[ ! -f "$DRAFT" ]]; then
-  echo "== $DRAFT missing: initialising an untrained DFlash 2 drafter (HF format)"
-  "$PY" - "$TARGET" "$WORK/untrained-hf" <<'PYEOF'
-import sys
-import torch
-from dflash2_gguf.train.export import export_hf
-from dflash2_gguf.train.model import DFlash2Config, DFlash2Drafter
-from dflash2_gguf.train.target_weights import load_target_weights
+DRAFT="$WORK/smollm2-135m-dflash2-q8_0.gguf"
 
-target, out = sys.argv[1:]
-torch.manual_seed(0)
-info = load_target_weights(target).info
-model = DFlash2Drafter(DFlash2Config.for_target(info, num_hidden_layers=2, block_size=8))
-export_hf(model, out, force=True)
-print(out)
+echo "== converting models/SmolLM2-135M-DFlash2 (HF) to $DRAFT (q8_0)"
+"$PY" -m convert hf-to-gguf models/SmolLM2-135M-DFlash2 --target "$TARGET" --outfile "$DRAFT" --outtype q8_0 --force
+"$PY" - "$DRAFT" <<'PYEOF'
+import hashlib, json, sys
+want = json.load(open("models/smollm2-135m-dflash2.json"))["sha256"]
+got = hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest()
+if got != want:
+    sys.exit(f"converted drafter sha256 {got} != models/smollm2-135m-dflash2.json's {want}")
+print(f"sha256 {got}: byte-identical to models/smollm2-135m-dflash2.gguf")
 PYEOF
-  echo "== converting it to GGUF (q8_0)"
-  DRAFT="$WORK/untrained-dflash2-q8_0.gguf"
-  "$PY" -m convert hf-to-gguf "$WORK/untrained-hf" --target "$TARGET" --outfile "$DRAFT" --outtype q8_0 --force
-fi
-"$PY" -m convert inspect "$DRAFT" --target "$TARGET" | head -n 40
+echo "== convert inspect (the pairing with the target)"
+"$PY" -m convert inspect "$DRAFT" --target "$TARGET"
 
 PROMPT="Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?"
 echo "== target + drafter (T = 0)"
-dflash2-gguf generate -m "$TARGET" -md "$DRAFT" --chat -p "$PROMPT" -n 128 --temp 0 -t "$(nproc)"
-echo "== target alone (T = 0): the same text"
-dflash2-gguf generate -m "$TARGET" -md none --chat -p "$PROMPT" -n 128 --temp 0 -t "$(nproc)"
+dflash2-gguf generate -m "$TARGET" -md "$DRAFT" --chat -p "$PROMPT" -n 128 --temp 0 -t "$(nproc)" | tee "$WORK/with-drafter.txt"
+echo "== target alone (T = 0)"
+dflash2-gguf generate -m "$TARGET" -md none --chat -p "$PROMPT" -n 128 --temp 0 -t "$(nproc)" | tee "$WORK/target-alone.txt"
+if cmp -s "$WORK/with-drafter.txt" "$WORK/target-alone.txt"; then
+  echo "== the two texts are identical"
+else
+  echo "== the two texts differ (see README, 'Exactness at T = 0')"
+fi

@@ -169,7 +169,7 @@ def test_bench_cli_smoke(native_ext, smollm2_gguf, smollm2_drafters, tmp_path):
     out = tmp_path / "out"
     rc = main(["bench", "-m", str(smollm2_gguf), "-md", str(smollm2_drafters[2]), "--dataset", "gsm8k",
                "--n-prompts", "2", "--max-new-tokens", "16", "--temp", "0", "-t", "1", "--out", str(out),
-               "--no-progress"])
+               "--no-progress", "-fa", "on", "-nr"])
     assert rc == 0
     rep = json.loads((out / "bench.json").read_text())
     c, s = rep["config"], rep["summary"]
@@ -198,6 +198,7 @@ def test_bench_cli_smoke(native_ext, smollm2_gguf, smollm2_drafters, tmp_path):
     assert s["base_tokens_per_second"] > 0 and s["spec_tokens_per_second"] > 0 and s["speedup"] > 0
     md = (out / "bench.md").read_text()
     assert "| target + drafter |" in md and "Per-position conditional acceptance" in md
+    assert (c["flash_attn"], c["repack"]) == (True, False) and "flash attention on, repack off" in md
     png = (out / "per_position_acceptance.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
 

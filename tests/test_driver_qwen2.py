@@ -9,8 +9,9 @@ both sides: no CPU weight repacking (``repack=False``, llama.cpp's ``--no-repack
 Q4_K weights use a gemv kernel for one row and a gemm kernel for several) and no tiled K-quant
 matmul (``GGML_CPU_TILED_MM=0``, read once per process by ggml, so the check runs in a
 subprocess); flash attention on and contexts within 256 cells as in test_driver_smollm2.py.
-Measured on this build: without ``GGML_CPU_TILED_MM=0``, 1 of 4 prompts departs at token 51;
-with repacking, logits of the two passes differ by up to 0.7 at the first generated token.
+Measured on this build (a probe on the first 4 prompts, 64 tokens): without
+``GGML_CPU_TILED_MM=0``, 1 of 4 departs at token 51; with repacking, logits of the two passes
+differ by up to 0.7 at the first generated token.
 
 ``slow``: the target is a 491 MB download on first use.
 """

@@ -3,7 +3,9 @@ default target, and still drafting well: acceptance length on GSM8K test prompts
 untrained drafter's 1.0.
 
 ``models/smollm2-135m-dflash2.json`` records how the file was made and measured (command, data,
-steps, held-out figures) and its size and sha256, which are checked here byte for byte.
+steps, held-out figures) and its size and sha256, which are checked here byte for byte. The
+drafter's HF checkpoint (``models/SmolLM2-135M-DFlash2``, the authors' layout) converts to that
+exact file.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 MODELS = Path(__file__).resolve().parents[1] / "models"
 GGUF = MODELS / "smollm2-135m-dflash2.gguf"
 META = MODELS / "smollm2-135m-dflash2.json"
+HF = MODELS / "SmolLM2-135M-DFlash2"
 
 
 def test_file_matches_its_metadata():
@@ -27,6 +30,15 @@ def test_file_matches_its_metadata():
     assert hashlib.sha256(data).hexdigest() == meta["sha256"]
     for key in ("command", "training", "held_out"):
         assert key in meta, key
+
+
+def test_hf_checkpoint_converts_to_the_shipped_file(smollm2_gguf, tmp_path):
+    from convert import convert_hf_to_gguf
+
+    meta = json.loads(META.read_text())
+    assert hashlib.sha256((HF / "model.safetensors").read_bytes()).hexdigest() == meta["hf_checkpoint"]["sha256"]
+    out = convert_hf_to_gguf(HF, smollm2_gguf, tmp_path / "drafter-q8_0.gguf", outtype="q8_0")
+    assert out.read_bytes() == GGUF.read_bytes()
 
 
 def test_pairs_with_the_default_target(smollm2_gguf):
