@@ -252,7 +252,7 @@ Engine::Engine(const EngineOptions & opt) : opt_(opt) {
             if (llama_model_is_recurrent(model_tgt_) || llama_model_is_hybrid(model_tgt_)) {
                 throw Error(kErrUnsupported, "target architecture '" + arch_tgt_ +
                     "' is recurrent/hybrid: rolling back rejected drafts needs state checkpoints, "
-                    "which this driver does not implement");
+                    "which this driver does not implement; run this target without a drafter (-md none)");
             }
             if (dm.n_vocab != n_vocab_) {
                 throw Error(kErrIncompatible, "vocabulary mismatch: drafter has " + std::to_string(dm.n_vocab) +

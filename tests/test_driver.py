@@ -236,6 +236,21 @@ def test_target_as_drafter_and_missing_file(native_ext, tiny_llama):
         _decoder(tiny_llama, "/nonexistent/drafter.gguf")
 
 
+def test_recurrent_target_refused_with_drafter_runs_alone(native_ext, tiny_dir, tiny_drafters):
+    """A recurrent target (mamba) cannot drop rejected drafts from its state: a clear refusal
+    before any context exists; the same target alone still generates."""
+    from tiny_models import write_tiny_mamba
+
+    from dflash2_gguf import DFlashDecoder, SamplingParams, UnsupportedError
+
+    t = write_tiny_mamba(tiny_dir / "tiny_mamba.gguf")
+    with pytest.raises(UnsupportedError, match=r"'mamba' is recurrent/hybrid.*-md none"):
+        DFlashDecoder(t, tiny_drafters[2], n_ctx=64, n_threads=1)
+    with DFlashDecoder(t, None, n_ctx=64, n_threads=1) as dec:
+        r = dec.generate([1, 5, 6], max_tokens=4, sampling=SamplingParams.greedy_params(), ignore_eos=True)
+        assert len(r.tokens) == 4 and r.stats.n_drafted == 0
+
+
 def test_capture_path_decided_by_architecture(native_ext, tiny_dir, tiny_qwen2):
     """Forcing layer inputs on qwen2 (whose graph does not record them: libllama would abort the
     process) is refused with an exception instead."""

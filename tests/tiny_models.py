@@ -28,6 +28,21 @@ TINY_VOCAB = ["<unk>", "<s>", "</s>", "<mask>"] + _PIECES  # 48 tokens
 MASK_ID = 3
 
 
+def _add_tiny_vocab(w: gguf.GGUFWriter) -> None:
+    """F32 file type and the tiny SentencePiece-style vocabulary (:data:`TINY_VOCAB`)."""
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(TINY_VOCAB)
+    w.add_token_scores([0.0] * 4 + [-float(i) for i in range(len(_PIECES))])
+    w.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL,
+                       gguf.TokenType.CONTROL] + [gguf.TokenType.NORMAL] * len(_PIECES))
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+
+
 def write_tiny_target(path: str | Path, *, arch: str = "llama", hidden: int = 288, n_layer: int = 4,
                       n_head: int = 4, n_head_kv: int = 2, n_ff: int = 576, seed: int = 0,
                       logit_std: float = 1.5, peak: float = 0.0, peak_token: int = 7) -> Path:
@@ -63,17 +78,7 @@ def write_tiny_target(path: str | Path, *, arch: str = "llama", hidden: int = 28
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_dimension_count(hd)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(TINY_VOCAB)
-    w.add_token_scores([0.0] * 4 + [-float(i) for i in range(len(_PIECES))])
-    w.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL,
-                       gguf.TokenType.CONTROL] + [gguf.TokenType.NORMAL] * len(_PIECES))
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
+    _add_tiny_vocab(w)
 
     emb = rng.standard_normal((V, hidden)).astype(np.float32)
     out = mat(V, hidden, logit_std / np.sqrt(hidden))
@@ -96,6 +101,50 @@ def write_tiny_target(path: str | Path, *, arch: str = "llama", hidden: int = 28
         w.add_tensor(f"blk.{i}.ffn_gate.weight", mat(n_ff, hidden))
         w.add_tensor(f"blk.{i}.ffn_up.weight", mat(n_ff, hidden))
         w.add_tensor(f"blk.{i}.ffn_down.weight", mat(hidden, n_ff))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def write_tiny_mamba(path: str | Path, *, hidden: int = 288, n_layer: int = 4, d_state: int = 16,
+                     d_conv: int = 4, seed: int = 0) -> Path:
+    """Write a tiny random F32 ``mamba`` (recurrent) target GGUF, same vocabulary as
+    :func:`write_tiny_target`; tensor layout as llama.cpp's ``LLM_ARCH_MAMBA`` loads it."""
+    path = Path(path)
+    rng = np.random.default_rng(seed)
+    d_inner, dt_rank, V = 2 * hidden, max(1, hidden // 16), len(TINY_VOCAB)
+
+    def rnd(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    w = gguf.GGUFWriter(str(path), "mamba")
+    w.add_context_length(2048)
+    w.add_embedding_length(hidden)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(0)
+    w.add_head_count(0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_ssm_conv_kernel(d_conv)
+    w.add_ssm_inner_size(d_inner)
+    w.add_ssm_state_size(d_state)
+    w.add_ssm_time_step_rank(dt_rank)
+    _add_tiny_vocab(w)
+    w.add_tensor("token_embd.weight", rnd(V, hidden))
+    w.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    w.add_tensor("output.weight", rnd(V, hidden))
+    for i in range(n_layer):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.ssm_in.weight", rnd(2 * d_inner, hidden))
+        w.add_tensor(f"blk.{i}.ssm_conv1d.weight", rnd(d_inner, d_conv))
+        w.add_tensor(f"blk.{i}.ssm_conv1d.bias", rnd(d_inner))
+        w.add_tensor(f"blk.{i}.ssm_x.weight", rnd(dt_rank + 2 * d_state, d_inner))
+        w.add_tensor(f"blk.{i}.ssm_dt.weight", rnd(d_inner, dt_rank))
+        w.add_tensor(f"blk.{i}.ssm_dt.bias", rnd(d_inner))
+        w.add_tensor(f"blk.{i}.ssm_a", -np.ones((d_inner, d_state), dtype=np.float32))
+        w.add_tensor(f"blk.{i}.ssm_d", np.ones(d_inner, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.ssm_out.weight", rnd(hidden, d_inner))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
