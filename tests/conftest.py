@@ -27,7 +27,7 @@ def qwen25_05b_gguf():
 
 # ---------------------------------------------------------------------------- driver fixtures
 # Tiny targets and drafters (built once per session), random SmolLM2 drafters converted with our
-# converter, the F32 SmolLM2 copy, and the native-extension skip.
+# converter, and the native-extension skip.
 
 from tiny_models import tiny_drafter, write_tiny_target  # noqa: E402
 

@@ -236,6 +236,18 @@ def test_target_as_drafter_and_missing_file(native_ext, tiny_llama):
         _decoder(tiny_llama, "/nonexistent/drafter.gguf")
 
 
+def test_import_checks_the_pinned_libllama(native_ext, monkeypatch):
+    """The loaded libllama is the pinned build; a different one is refused at import with the fix."""
+    import dflash2_gguf._native_loader as loader
+
+    mod = loader.native()
+    assert mod.PINNED_LLAMA_CPP_COMMIT == "0c1e570" and mod.check_libllama() == ""
+    monkeypatch.setattr(loader, "_native", None)
+    monkeypatch.setattr(mod, "check_libllama", lambda: "loaded libllama reports version 'other'")
+    with pytest.raises(ImportError, match="reports version 'other'"):
+        loader.native()
+
+
 def test_recurrent_target_refused_with_drafter_runs_alone(native_ext, tiny_dir, tiny_drafters):
     """A recurrent target (mamba) cannot drop rejected drafts from its state: a clear refusal
     before any context exists; the same target alone still generates."""
