@@ -297,13 +297,12 @@ def _fmt(x: Optional[float], nd: int = 2) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
 
 
-def _fa_word(flash_attn: Optional[bool]) -> str:
-    return "auto" if flash_attn is None else ("on" if flash_attn else "off")
-
-
 def markdown_table(report: dict) -> str:
     """The markdown report: settings, the main table, per-position acceptance, the histogram and
     the side-by-side runs when present."""
+    from .cli import FLASH_ATTN
+
+    fa_word = {v: k for k, v in FLASH_ATTN.items()}
     c, s = report["config"], report["summary"]
     lines = [
         f"### dflash2-gguf bench: {c['dataset']} ({s['n_requests']} requests from {c['n_prompts']} prompts), "
@@ -311,7 +310,7 @@ def markdown_table(report: dict) -> str:
         "",
         f"target `{Path(c['target']).name}`, drafter `{Path(c['drafter']).name}` (DFlash {c['drafter_version']}, "
         f"block {c['block_size']}, n_max {c['n_draft_max']}), threads {c['threads'] or 'all'}, "
-        f"capture {c['capture_path']}, flash attention {_fa_word(c.get('flash_attn'))}, "
+        f"capture {c['capture_path']}, flash attention {fa_word[c.get('flash_attn')]}, "
         f"repack {'on' if c.get('repack', True) else 'off'}",
         "",
         "| run | tokens | tokens/s | decode tokens/s | speedup | tau | T=0 mismatches |",

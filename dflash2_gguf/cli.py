@@ -16,7 +16,7 @@ import json
 import sys
 from typing import Optional, Sequence
 
-__all__ = ["main", "SUBCOMMANDS", "build_parser", "add_model_args", "add_sampling_args", "decoder_kwargs"]
+__all__ = ["main", "SUBCOMMANDS", "build_parser", "add_model_args", "add_sampling_args", "decoder_kwargs", "FLASH_ATTN"]
 
 
 # ---------------------------------------------------------------------------- shared helpers
@@ -32,7 +32,7 @@ def add_model_args(p: argparse.ArgumentParser, *, drafter_required: bool = True)
     p.add_argument("-td", "--threads-draft", type=int, default=None, help="drafter CPU threads")
     p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="target layers on GPU (-1 = all)")
     p.add_argument("-ngld", "--n-gpu-layers-draft", type=int, default=None, help="drafter layers on GPU")
-    p.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"), default="auto",
+    p.add_argument("-fa", "--flash-attn", choices=tuple(FLASH_ATTN), default="auto",
                    help="flash attention, both models (default: llama.cpp's auto)")
     p.add_argument("-nr", "--no-repack", action="store_true", help="disable CPU weight repacking, both models")
     p.add_argument("--capture", choices=("auto", "layer_inp", "cb_eval"), default="auto",
@@ -49,13 +49,17 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="RNG seed (default: random)")
 
 
+#: ``-fa`` word -> ``DFlashDecoder(flash_attn=...)`` (None = llama.cpp's auto)
+FLASH_ATTN = {"on": True, "off": False, "auto": None}
+
+
 def decoder_kwargs(args: argparse.Namespace) -> dict:
     """:class:`~dflash2_gguf.api.DFlashDecoder` keywords from :func:`add_model_args` flags (all
     but the two paths)."""
     return dict(n_ctx=args.ctx_size, n_ctx_draft=args.ctx_size_draft, n_threads=args.threads,
                 n_threads_draft=args.threads_draft, n_gpu_layers=args.n_gpu_layers,
                 n_gpu_layers_draft=args.n_gpu_layers_draft,
-                flash_attn={"on": True, "off": False}.get(args.flash_attn), repack=not args.no_repack,
+                flash_attn=FLASH_ATTN[args.flash_attn], repack=not args.no_repack,
                 capture=args.capture, verbose=args.verbose)
 
 

@@ -417,8 +417,8 @@ def test_serve_flags(tmp_path):
         (str(d), 7, 1024, 99, 99, 2)
     assert (s.api_key, s.model_id) == ("k", "x")
     assert (s.flash_attn, s.repack) == (None, True)
-    a = build_parser().parse_args(["serve", "-m", str(t), "-fa", "on", "-nr"])
-    assert (settings_from_args(a).flash_attn, settings_from_args(a).repack) == (True, False)
+    s = settings_from_args(build_parser().parse_args(["serve", "-m", str(t), "-fa", "on", "-nr"]))
+    assert (s.flash_attn, s.repack) == (True, False)
     a = build_parser().parse_args(["serve", "-m", str(t), "-md", str(d), "--spec-type", "none"])
     assert settings_from_args(a).model_draft is None
     a = build_parser().parse_args(["serve", "-m", str(t)])

@@ -28,6 +28,14 @@ TINY_VOCAB = ["<unk>", "<s>", "</s>", "<mask>"] + _PIECES  # 48 tokens
 MASK_ID = 3
 
 
+def _write(w: gguf.GGUFWriter) -> None:
+    """Header, key/values and tensors of ``w`` to its file, then close it."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def _add_tiny_vocab(w: gguf.GGUFWriter) -> None:
     """F32 file type and the tiny SentencePiece-style vocabulary (:data:`TINY_VOCAB`)."""
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
@@ -101,10 +109,7 @@ def write_tiny_target(path: str | Path, *, arch: str = "llama", hidden: int = 28
         w.add_tensor(f"blk.{i}.ffn_gate.weight", mat(n_ff, hidden))
         w.add_tensor(f"blk.{i}.ffn_up.weight", mat(n_ff, hidden))
         w.add_tensor(f"blk.{i}.ffn_down.weight", mat(hidden, n_ff))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _write(w)
     return path
 
 
@@ -145,10 +150,7 @@ def write_tiny_mamba(path: str | Path, *, hidden: int = 288, n_layer: int = 4, d
         w.add_tensor(f"blk.{i}.ssm_a", -np.ones((d_inner, d_state), dtype=np.float32))
         w.add_tensor(f"blk.{i}.ssm_d", np.ones(d_inner, dtype=np.float32))
         w.add_tensor(f"blk.{i}.ssm_out.weight", rnd(hidden, d_inner))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _write(w)
     return path
 
 
@@ -210,8 +212,5 @@ def rewrite_gguf(src: str | Path, dst: str | Path, overrides: Mapping[str, Any])
             w.add_key_value(name, val, vt)
     for t in r.tensors:
         w.add_tensor(t.name, np.array(t.data), raw_shape=[int(x) for x in reversed(t.shape)], raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _write(w)
     return Path(dst)
