@@ -1,56 +1,83 @@
 """The FastAPI app: :func:`create_app` builds one app around one :class:`Worker` (no globals).
 
-Endpoints (llama-server's paths and field names where it has them):
+Endpoints, as llama-server's README and tools/server/server.cpp at llama.cpp 0c1e570 route them:
 
-- ``GET /health`` (``/v1/health``): 200 ``{"status": "ok"}`` when the worker is alive with a
-  loaded model; 503 with an OpenAI-shaped error while loading, after a failed load, or when the
-  worker thread died.
-- ``GET /v1/models`` (``/models``): the one served model (``--alias`` or the target file name).
-- ``POST /v1/completions``, ``POST /v1/chat/completions``: OpenAI shapes, SSE streaming ending
-  with ``data: [DONE]``; every response (the last chunk when streaming) also carries llama-server's
-  ``timings`` object with ``draft_n`` / ``draft_n_accepted`` and our ``acceptance_length``.
-- ``POST /completion`` (``/completions``): llama-server's native completion (``prompt``,
-  ``n_predict``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``, ``stream``, ``stop``;
-  response ``content``, ``tokens_predicted``, ``tokens_evaluated``, ``stop_type``, ``timings``).
-  Its stream has no ``[DONE]`` line, as llama-server's.
-- ``GET /metrics``: Prometheus text (see :mod:`.metrics`).
+- ``GET /health`` (``/v1/health``): 200 ``{"status": "ok"}`` when every slot has its model; 503
+  ``unavailable_error`` while loading, after a failed load, or when a slot thread died.
+- ``GET /v1/models`` (``/models``): the served model with ``aliases``, ``tags`` and ``meta``
+  (``n_ctx``, ``n_ctx_train``, ``n_vocab``, ``n_embd``, ``n_params``, ``size``, ``vocab_type``,
+  ``ftype``, plus ours: ``target``, ``drafter``, ``spec_type``, ``n_draft_max``).
+- ``POST /v1/completions``: OpenAI text completion; ``POST /v1/chat/completions`` and
+  ``/chat/completions``: OpenAI chat completion. SSE streaming ends with ``data: [DONE]``; each
+  response (the last chunk when streaming, every chunk with ``timings_per_token``) carries
+  llama-server's ``timings`` with ``draft_n`` / ``draft_n_accepted`` and our ``acceptance_length``.
+- ``POST /completion`` and ``/completions``: llama-server's native completion (its stream has no
+  ``[DONE]`` line). Several prompts (or ``n`` > 1) give an array of results.
+- ``POST /tokenize``, ``/detokenize``, ``/apply-template``; ``GET /props`` (``POST /props``:
+  501), ``GET /slots`` (``?fail_on_no_slot=1``; 501 with ``--no-slots``).
+- ``GET /metrics``: Prometheus text (see :mod:`.metrics`), always on (llama-server needs
+  ``--metrics``).
+- Not served (404, documented out of scope): embeddings, reranking, infill, ``/v1/responses``,
+  ``/v1/messages`` (next: the agent-API work), LoRA adapters, slot save/restore, router mode,
+  the web UI, ``/v1/chat/completions/control``.
 
-With ``api_key`` set, every path except ``/health``, ``/v1/health``, ``/models`` and
-``/v1/models`` (llama-server's public endpoints) needs ``Authorization: Bearer <key>`` (or
-``X-Api-Key: <key>``); otherwise 401.
+Requests: bodies are parsed as JSON whatever their ``Content-Type`` (``curl -d`` sends
+``application/x-www-form-urlencoded``), as llama-server parses them; field policy in
+:mod:`.types`; prompt, chat and sampling semantics in :mod:`.compat`.
 
-Context: a prompt that does not fit ``n_ctx`` is a 400 ``context_length_exceeded``; a generation
-that fills the context stops with ``finish_reason`` "length" (llama-server's behaviour; OpenAI
-would reject ``prompt + max_tokens > n_ctx`` up front).
+Auth: with API keys set, every path except ``/health`` and ``/v1/health`` (llama-server's public
+endpoints) needs ``Authorization: Bearer <key>`` or ``X-Api-Key: <key>``; otherwise 401.
+``OPTIONS`` requests never need a key.
+
+CORS (llama-server's ``--cors-*`` flags, with Starlette's ``CORSMiddleware``): by default any
+``Origin`` is reflected with credentials allowed; ``localhost`` reflects only local origins; a
+comma list allows those. A preflight is answered 200 with the CORS headers before auth; any
+other ``OPTIONS`` gets an empty 200, as llama-server answers it.
+
+Context: a prompt of ``n_ctx`` tokens or more is a 400 ``exceed_context_size_error`` with
+``n_prompt_tokens`` and ``n_ctx``; a generation that fills the context stops with
+``finish_reason`` "length" (llama-server's behaviour without context shift).
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
-import os
+import logging
 import secrets
 import time
 import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Optional
+from typing import Any, AsyncIterator, Callable, Optional, Sequence
 
 from fastapi import FastAPI, Request
-from fastapi.responses import PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from pydantic import ValidationError
 
-from .errors import APIError, error_body, error_response, from_exception, install_error_handlers
+from . import compat
+from .context import ModelInfo, read_model_info
+from .errors import APIError, error_body, error_response, from_exception, install_error_handlers, validation_error
 from .metrics import Metrics
-from .types import ChatCompletionRequest, CompletionRequest, LlamaCompletionRequest
+from .types import (ApplyTemplateRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                    LlamaCompletionRequest, TokenizeRequest)
 from .worker import Job, Worker
 
-__all__ = ["ServerSettings", "create_app"]
+__all__ = ["ServerSettings", "create_app", "PUBLIC_PATHS", "BUILD_INFO"]
 
-PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models"})
+log = logging.getLogger("dflash2_gguf.server")
+
+#: Paths that never need the API key (llama-server's ``get_public_endpoints``).
+PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
+
+#: ``build_info`` / ``system_fingerprint``.
+BUILD_INFO = "dflash2-gguf (llama.cpp 0c1e570)"
 
 _FINISH = {"length": "length", "context": "length", "eog": "stop", "stop": "stop"}
 _STOP_TYPE = {"length": "limit", "context": "limit", "eog": "eos", "stop": "word"}
+_SAMPLERS = ["top_k", "top_p", "min_p", "temperature"]
 
 
 @dataclass(frozen=True)
@@ -61,12 +88,24 @@ class ServerSettings:
         model: Target GGUF (``-m``).
         model_draft: Drafter GGUF (``-md``); None serves the target alone.
         n_ctx / n_ctx_draft / n_threads / n_threads_draft / n_gpu_layers / n_gpu_layers_draft /
-            flash_attn / repack / capture: :class:`~dflash2_gguf.api.DFlashDecoder` keywords.
+            flash_attn / repack / capture: :class:`~dflash2_gguf.api.DFlashDecoder` keywords
+            (``n_ctx`` per slot; ``serve`` resolves it with :mod:`.context`).
+        verbose: ``-v``: llama.cpp's log, and llama-server's ``__verbose`` in responses.
         n_draft_max: Default drafts verified per cycle (``--spec-draft-n-max``; None = block
-            size - 1); a request may lower it with ``n_draft_max``.
-        p_min: ``--spec-draft-p-min``.
-        api_key: Required bearer token (None = no auth).
-        alias: Model id in responses (default: the target's file name).
+            size - 1); a request may lower it (``speculative.n_max``).
+        n_draft_min: ``--spec-draft-n-min`` (recorded; no effect until adaptive drafting).
+        p_min: ``--spec-draft-p-min`` (a request may set its own ``speculative.p_min``).
+        n_slots: ``--parallel``: slots (each loads its own decoder, see :mod:`.worker`).
+        temperature / top_k / top_p / min_p / seed / n_predict: request defaults (``--temp``,
+            ``--top-k``, ``--top-p``, ``--min-p``, ``--seed`` (-1 = random), ``-n`` (-1 = until
+            end of generation or a full context)).
+        api_key: Required bearer token(s), comma-separated (None = no auth).
+        alias: Model id(s) (``--alias a,b``): the first is the id; default: the target file name.
+        tags: ``--tags`` (informational, in ``/v1/models``).
+        chat_template: ``--chat-template`` / ``--chat-template-file`` text (None = the GGUF's).
+        jinja: ``--jinja`` (default) / ``--no-jinja``.
+        cors_origins / cors_methods / cors_headers / cors_credentials: llama-server's ``--cors-*``.
+        endpoint_slots: ``--slots`` (default) / ``--no-slots``.
         max_queue: Queued requests beyond this get 503.
         poll_s: How often a waiting handler checks the worker is alive / the client connected.
     """
@@ -84,19 +123,56 @@ class ServerSettings:
     capture: str = "auto"
     verbose: bool = False
     n_draft_max: Optional[int] = None
+    n_draft_min: int = 0
     p_min: float = 0.0
+    n_slots: int = 1
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int = -1
+    n_predict: int = -1
     api_key: Optional[str] = None
     alias: Optional[str] = None
+    tags: Optional[str] = None
+    chat_template: Optional[str] = None
+    jinja: bool = True
+    cors_origins: str = "*"
+    cors_methods: str = "GET, POST, DELETE, OPTIONS"
+    cors_headers: str = "*"
+    cors_credentials: bool = True
+    endpoint_slots: bool = True
     max_queue: int = 64
     poll_s: float = 0.5
 
     @property
+    def aliases(self) -> list:
+        """``--alias`` split on commas."""
+        return [a.strip() for a in (self.alias or "").split(",") if a.strip()]
+
+    @property
+    def tag_list(self) -> list:
+        """``--tags`` split on commas."""
+        return [a.strip() for a in (self.tags or "").split(",") if a.strip()]
+
+    @property
+    def api_keys(self) -> list:
+        """``--api-key`` split on commas."""
+        return [a.strip() for a in (self.api_key or "").split(",") if a.strip()]
+
+    @property
     def model_id(self) -> str:
-        """``alias``, else the target's file name."""
-        return self.alias or Path(self.model).name
+        """The first alias, else the target's file name."""
+        a = self.aliases
+        return a[0] if a else Path(self.model).name
+
+    def sampling_defaults(self) -> dict:
+        """The request defaults (``--temp`` ...) by request field name."""
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p,
+                "seed": self.seed}
 
     def load_decoder(self) -> Any:
-        """Build the :class:`~dflash2_gguf.api.DFlashDecoder` (called in the worker thread)."""
+        """Build one slot's :class:`~dflash2_gguf.api.DFlashDecoder` (called in the slot's thread)."""
         from ..api import DFlashDecoder
 
         return DFlashDecoder(
@@ -107,22 +183,32 @@ class ServerSettings:
         )
 
 
+# ---------------------------------------------------------------------------- helpers
+
 def _client_gone(job: Job) -> APIError:
     """Cancel ``job`` whose client disconnected; the error to raise (499, as nginx logs it)."""
     job.cancel()
     return APIError(499, "client closed the request", "invalid_request_error", None, "client_disconnected")
 
 
+def _n_cached(st: Any) -> int:
+    return int(getattr(st, "n_cached", 0) or 0)
+
+
 def _timings(st: Any) -> dict:
-    """llama-server's ``timings`` object (plus ``acceptance_length`` and ``n_cycles``)."""
+    """llama-server's ``timings`` object (plus ``draft_n``, ``draft_n_accepted``,
+    ``acceptance_length``, ``n_cycles``, ``tokens_per_second``)."""
     pre_ms = st.t_prefill_s * 1000.0
     dec_ms = max(st.t_total_s - st.t_prefill_s, 0.0) * 1000.0
     n_dec = max(st.n_generated - 1, 0)  # the first token comes from the prefill
+    cached = _n_cached(st)
+    n_pre = max(st.n_prompt - cached, 0)
     return {
-        "prompt_n": st.n_prompt,
+        "cache_n": cached,
+        "prompt_n": n_pre,
         "prompt_ms": pre_ms,
-        "prompt_per_token_ms": pre_ms / st.n_prompt if st.n_prompt else 0.0,
-        "prompt_per_second": st.n_prompt / (pre_ms / 1000.0) if pre_ms > 0 else 0.0,
+        "prompt_per_token_ms": pre_ms / n_pre if n_pre else 0.0,
+        "prompt_per_second": n_pre / (pre_ms / 1000.0) if pre_ms > 0 else 0.0,
         "predicted_n": st.n_generated,
         "predicted_ms": dec_ms,
         "predicted_per_token_ms": dec_ms / n_dec if n_dec else 0.0,
@@ -135,9 +221,31 @@ def _timings(st: Any) -> dict:
     }
 
 
-def _usage(st: Any) -> dict:
-    return {"prompt_tokens": st.n_prompt, "completion_tokens": st.n_generated,
-            "total_tokens": st.n_prompt + st.n_generated}
+def _partial_timings(job: Job, n_decoded: int) -> dict:
+    """Timings so far for ``timings_per_token`` (from the slot's clock marks in ``job.info``)."""
+    t0, t1 = job.info.get("t_start", time.perf_counter()), job.info.get("t_first", time.perf_counter())
+    now = time.perf_counter()
+    n = int(job.info.get("n_prompt", 0))
+    pre_ms, dec_ms = (t1 - t0) * 1000.0, (now - t1) * 1000.0
+    n_dec = max(n_decoded - 1, 0)
+    return {"cache_n": 0, "prompt_n": n, "prompt_ms": pre_ms, "prompt_per_token_ms": pre_ms / n if n else 0.0,
+            "prompt_per_second": n / (pre_ms / 1000.0) if pre_ms > 0 else 0.0, "predicted_n": n_decoded,
+            "predicted_ms": dec_ms, "predicted_per_token_ms": dec_ms / n_dec if n_dec else 0.0,
+            "predicted_per_second": n_dec / (dec_ms / 1000.0) if dec_ms > 0 and n_dec else 0.0}
+
+
+def _progress(job: Job) -> dict:
+    """llama-server's ``prompt_progress`` (the prompt is evaluated in one pass: all processed)."""
+    n = int(job.info.get("n_prompt", 0))
+    t = (job.info.get("t_first", time.perf_counter()) - job.info.get("t_start", time.perf_counter())) * 1000.0
+    return {"total": n, "cache": 0, "processed": n, "time_ms": t}
+
+
+def _usage(stats: Sequence[Any]) -> dict:
+    p = sum(s.n_prompt for s in stats)
+    c = sum(s.n_generated for s in stats)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+            "prompt_tokens_details": {"cached_tokens": sum(_n_cached(s) for s in stats)}}
 
 
 def _sse(obj: Any) -> str:
@@ -150,78 +258,215 @@ def _event_stream(events) -> StreamingResponse:
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-def _closing_events(chunk: Callable[[Any, Optional[str]], dict], empty: Any, st: Any,
-                    include_usage: bool) -> list[str]:
-    """The last events of an OpenAI stream: the chunk with ``finish_reason`` (plus llama-server's
-    ``timings``) and, with ``stream_options.include_usage``, a usage chunk with no choices.
-    ``chunk(payload, finish_reason)`` builds one chunk; ``empty`` is its empty payload."""
-    last = chunk(empty, _FINISH.get(st.stop_reason, "stop"))
-    last["timings"] = _timings(st)
-    events = [_sse(last)]
-    if include_usage:
-        u = chunk(empty, None)
-        u["choices"] = []
-        u["usage"] = _usage(st)
-        events.append(_sse(u))
-    return events
+async def parse_body(request: Request, model: Any) -> Any:
+    """The request body as ``model``, parsed as JSON whatever the ``Content-Type`` (llama-server
+    parses every body as JSON; ``curl -d`` sends ``application/x-www-form-urlencoded``).
 
+    Raises:
+        APIError: 400 ``json_invalid`` for a body that is not a JSON object; 400 naming the
+            field for a validation error.
+    """
+    raw = await request.body()
+    try:
+        obj = json.loads(raw) if raw.strip() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(400, f"invalid JSON body: {e}", "invalid_request_error", None, "json_invalid") from None
+    if not isinstance(obj, dict):
+        raise APIError(400, "the request body must be a JSON object", "invalid_request_error", None, "json_invalid")
+    try:
+        return model.model_validate(obj)
+    except ValidationError as e:
+        raise validation_error(e.errors()) from None
+
+
+def _piece(dec: Any, tok: int) -> Any:
+    """llama-server's token piece: the text when valid UTF-8, else its byte values."""
+    eng = getattr(dec, "engine", None)
+    raw = bytes(eng.detokenize([tok], True)) if eng is not None else dec.detokenize([tok], True).encode()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
+
+
+@dataclass
+class _Choice:
+    """One finished choice: text, tokens, stats, and its job."""
+
+    text: str
+    tokens: list
+    stats: Any
+    job: Job
+    logprobs: list = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------- service
 
 class _Service:
     """Request handling shared by the endpoints (bound to one app's settings and worker)."""
 
-    def __init__(self, settings: ServerSettings, worker: Worker, metrics: Metrics) -> None:
+    def __init__(self, settings: ServerSettings, worker: Worker, metrics: Metrics, info: ModelInfo) -> None:
         self.settings = settings
         self.worker = worker
         self.metrics = metrics
+        self.info = info
+        self._gen_params: Optional[set] = None
 
-    def sampling(self, r: Any, seed: Optional[int]) -> Any:
-        from ..sampling import SamplingParams
+    # ------------------------------------------------------------------ request -> jobs
 
-        return SamplingParams(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, min_p=r.min_p, seed=seed)
+    def _generate_accepts(self, decoder: Any) -> set:
+        if self._gen_params is None:
+            try:
+                ps = inspect.signature(decoder.generate).parameters
+                self._gen_params = {"*"} if any(p.kind is p.VAR_KEYWORD for p in ps.values()) else set(ps)
+            except (TypeError, ValueError):  # pragma: no cover
+                self._gen_params = set()
+        return self._gen_params
 
-    def gen_kwargs(self, *, max_tokens: Optional[int], sampling: Any, stop: list, n_draft_max: Optional[int],
-                   use_drafter: bool = True, ignore_eos: bool = False, **prompt: Any) -> dict:
+    def check_n(self, body: Any) -> int:
+        n = body.n_choices
+        if n > self.settings.n_slots:
+            raise APIError(400, f"Field 'n_cmpl': Value must be between 1 <= value <= {self.settings.n_slots}, "
+                                f"but got {n} (n completions need --parallel >= n)", "invalid_request_error",
+                           "n", "invalid_value")
+        return n
+
+    def grammar_for(self, body: Any) -> tuple:
+        """(GBNF or None, the request field it came from)."""
+        if body.grammar:
+            return body.grammar, "grammar"
+        schema = body.output_schema() if hasattr(body, "output_schema") else (
+            ({"type": "object"} if body.json_schema in ({}, True) else body.json_schema)
+            if body.json_schema is not None else None)
+        if schema is None:
+            return None, None
+        param = "json_schema" if body.json_schema is not None else "response_format"
+        if "grammar" not in compat.sampling_fields():
+            raise APIError(400, f"{param} (grammar-constrained output) is not supported by this build yet",
+                           "invalid_request_error", param, "not_supported")
+        return compat.schema_grammar(schema), param
+
+    def job_params(self, body: Any, n_predict: int) -> dict:
+        """llama-server's generation settings of a request (``/slots``, ``generation_settings``)."""
         s = self.settings
-        nd = n_draft_max if n_draft_max is not None else s.n_draft_max
+        d = s.sampling_defaults()
+        spec = body.spec()
+
+        def pick(name):
+            v = getattr(body, name, None)
+            return d[name] if v is None else v
+
+        return {
+            "n_predict": n_predict, "seed": pick("seed"), "temperature": pick("temperature"),
+            "top_k": pick("top_k"), "top_p": pick("top_p"), "min_p": pick("min_p"),
+            "repeat_last_n": body.repeat_last_n if body.repeat_last_n is not None else 64,
+            "repeat_penalty": body.repeat_penalty if body.repeat_penalty is not None else 1.0,
+            "presence_penalty": body.presence_penalty or 0.0, "frequency_penalty": body.frequency_penalty or 0.0,
+            "stop": body.stop_list, "max_tokens": n_predict, "n_keep": body.n_keep or 0,
+            "ignore_eos": body.ignore_eos, "stream": body.stream, "n_probs": body.n_probs_wanted(),
+            "samplers": list(_SAMPLERS),
+            "speculative.n_max": spec["n_max"] if spec["n_max"] is not None else s.n_draft_max,
+            "speculative.n_min": spec["n_min"] if spec["n_min"] is not None else s.n_draft_min,
+            "speculative.p_min": spec["p_min"] if spec["p_min"] is not None else s.p_min,
+            "timings_per_token": body.timings_per_token, "post_sampling_probs": body.post_sampling_probs,
+            "lora": [],
+        }
+
+    def make_prepare(self, body: Any, *, prompt: Any = None, messages: Optional[list] = None,
+                     chat: Optional[dict] = None) -> Callable[[Any, Job], dict]:
+        """The slot-thread step of a request: tokenize / render, check the context, build the
+        generation keywords (see :mod:`.compat`)."""
+        s = self.settings
+        limit = body.token_limit()
+        if limit is None or limit < 0:
+            limit = s.n_predict
+        spec = body.spec()
+        nd = spec["n_max"] if spec["n_max"] is not None else s.n_draft_max
         if nd is not None and s.n_draft_max is not None:
             nd = min(nd, s.n_draft_max)
-        return dict(prompt, max_tokens=int(max_tokens or s.n_ctx), sampling=sampling, stop=stop or None,
-                    n_draft_max=nd, p_min=s.p_min, use_drafter=use_drafter, ignore_eos=ignore_eos)
+        p_min = spec["p_min"] if spec["p_min"] is not None else s.p_min
+        grammar, _ = self.grammar_for(body)
+        n_probs = body.n_probs_wanted()
+        stop = body.stop_list
+        defaults = s.sampling_defaults()
 
-    async def start(self, kwargs: dict) -> tuple[Job, tuple]:
-        """Submit a job and wait for its first result (so errors still become 4xx JSON)."""
-        job = Job(kwargs=kwargs, loop=asyncio.get_running_loop())
-        self.worker.submit(job)
+        def prepare(dec: Any, job: Job) -> dict:
+            job.info["t_start"] = time.perf_counter()
+            if messages is not None:
+                text = compat.render_chat(dec, messages, template=s.chat_template, jinja=s.jinja, **(chat or {}))
+                ids = dec.tokenize(text, add_special=True, parse_special=True)
+                job.info["prompt"] = text
+            else:
+                ids = compat.tokenize_prompt(dec, prompt)
+                job.info["prompt"] = compat.prompt_text(prompt)
+            job.info["n_prompt"] = len(ids)
+            compat.check_context(len(ids), s.n_ctx)
+            sampling = compat.sampling_params(body, defaults, dec, grammar=grammar, n_probs=n_probs)
+            max_tokens = s.n_ctx - len(ids) if limit < 0 else limit
+            kw = dict(prompt=ids, max_tokens=max_tokens, sampling=sampling, stop=stop or None, n_draft_max=nd,
+                      p_min=p_min, use_drafter=body.use_drafter, ignore_eos=body.ignore_eos)
+            if not body.cache_prompt:
+                acc = self._generate_accepts(dec)
+                if "cache_prompt" in acc or "*" in acc:
+                    kw["cache_prompt"] = False
+            return kw
+
+        prepare.n_predict = limit  # type: ignore[attr-defined]
+        return prepare
+
+    def submit_all(self, body: Any, prepares: list) -> list:
+        """Submit one job per prepare (each ``n`` times); returns the jobs in choice order."""
+        loop = asyncio.get_running_loop()
+        jobs = []
         try:
-            first = await self.next(job)
+            for prep in prepares:
+                params = self.job_params(body, prep.n_predict)
+                for _ in range(body.n_choices):
+                    job = Job(kwargs={}, loop=loop, prepare=prep, id_slot=body.id_slot, params=params)
+                    self.worker.submit(job)
+                    jobs.append(job)
+        except BaseException:
+            for j in jobs:
+                j.cancel()
+            raise
+        return jobs
+
+    async def first(self, job: Job) -> tuple:
+        """Wait for a job's first result (so errors still become 4xx JSON)."""
+        try:
+            item = await self.next(job)
         except BaseException:
             job.cancel()
             raise
-        if first[0] == "error":
-            raise from_exception(first[1])
-        return job, first
+        if item[0] == "error":
+            raise from_exception(item[1])
+        return item
 
     async def next(self, job: Job, request: Optional[Request] = None) -> tuple:
         """The job's next result; raises APIError 503 if the worker dies while we wait."""
         while True:
             try:
-                return await asyncio.wait_for(job.out.get(), timeout=self.settings.poll_s)
+                item = await asyncio.wait_for(job.out.get(), timeout=self.settings.poll_s)
+                if "t_first" not in job.info:
+                    job.info["t_first"] = time.perf_counter()
+                return item
             except asyncio.TimeoutError:
                 if not self.worker.alive:
                     job.cancel()
                     raise APIError(503, f"the model worker stopped: {self.worker.unavailable_reason()}",
-                                   "server_error", None, "unavailable") from None
+                                   "unavailable_error", None, "unavailable") from None
                 if request is not None and await request.is_disconnected():
                     raise _client_gone(job)
 
-    async def collect(self, job: Job, first: tuple, request: Request) -> tuple[str, list, Any]:
-        """Run a job to its end; returns (text, tokens, stats).
+    async def collect(self, job: Job, request: Request) -> _Choice:
+        """Run a job to its end.
 
         The client's connection is checked every ``poll_s`` even while chunks keep arriving
         (``next`` only checks when the worker is silent), so a client that gives up on a
         non-streaming request cancels its generation.
         """
-        text, toks, item = [], [], first
+        text, toks, lps = [], [], []
+        item = await self.first(job)
         last_check = time.monotonic()
         while True:
             if time.monotonic() - last_check >= self.settings.poll_s:
@@ -232,66 +477,98 @@ class _Service:
             if kind == "error":
                 raise from_exception(val)
             if kind == "cancelled":
-                raise APIError(503, "the generation was cancelled", "server_error", None, "cancelled")
+                raise APIError(503, "the generation was cancelled", "unavailable_error", None, "cancelled")
             text.append(val.text)
             toks += list(val.tokens)
+            lps += list(getattr(val, "logprobs", None) or [])
             if val.done:
-                return "".join(text), toks, val.stats
+                return _Choice("".join(text), toks, val.stats, job, lps)
             item = await self.next(job, request)
 
-    async def stream(self, job: Job, first: tuple, on_chunk: Callable, on_done: Callable,
-                     done_line: bool = True) -> AsyncIterator[str]:
-        """SSE lines for a job; cancels the job if the client goes away before the end."""
+    async def collect_all(self, jobs: list, request: Request) -> list:
+        try:
+            return [await self.collect(j, request) for j in jobs]
+        except BaseException:
+            for j in jobs:
+                j.cancel()
+            raise
+
+    async def stream(self, jobs: list, on_chunk: Callable, on_done: Callable, done_line: bool = True,
+                     on_start: Optional[Callable] = None) -> AsyncIterator[str]:
+        """SSE lines for jobs (one after another, each with its choice index); cancels the jobs if
+        the client goes away before the end. ``on_chunk(i, job, chunk)``, ``on_done(i, job,
+        stats)`` and ``on_start(i, job)`` return lists of lines."""
         finished = False
         try:
-            item = first
-            while True:
-                kind, val = item
-                if kind == "chunk":
-                    if val.text or val.tokens:
-                        line = on_chunk(val)
-                        if line:
-                            yield line
-                    if val.done:
-                        for line in on_done(val.stats):
-                            yield line
-                        if done_line:
-                            yield "data: [DONE]\n\n"
+            for i, job in enumerate(jobs):
+                item = await self.next(job) if i else None
+                if i == 0:
+                    item = job.info.pop("_first")
+                started = False
+                while True:
+                    kind, val = item
+                    if kind == "chunk":
+                        if not started and on_start is not None:
+                            for line in on_start(i, job):
+                                yield line
+                        started = True
+                        if val.text or val.tokens:
+                            for line in on_chunk(i, job, val):
+                                yield line
+                        if val.done:
+                            for line in on_done(i, job, val.stats):
+                                yield line
+                            break
+                    elif kind == "error":
+                        yield _sse(from_exception(val).body())
                         finished = True
                         return
-                elif kind == "error":
-                    err = from_exception(val)
-                    yield _sse(error_body(err.message, err.type, err.param, err.code))
-                    finished = True
-                    return
-                else:  # cancelled
-                    finished = True
-                    return
-                try:
-                    item = await self.next(job)
-                except APIError as err:
-                    yield _sse(error_body(err.message, err.type, err.param, err.code))
-                    finished = True
-                    return
+                    else:  # cancelled
+                        finished = True
+                        return
+                    try:
+                        item = await self.next(job)
+                    except APIError as err:
+                        yield _sse(err.body())
+                        finished = True
+                        return
+            if done_line:
+                yield "data: [DONE]\n\n"
+            finished = True
         finally:
             if not finished:
-                job.cancel()
+                for j in jobs:
+                    j.cancel()
 
+    async def start_stream(self, jobs: list) -> None:
+        """Wait for the first job's first result before answering 200 (errors stay 4xx)."""
+        try:
+            jobs[0].info["_first"] = await self.first(jobs[0])
+        except BaseException:
+            for j in jobs:
+                j.cancel()
+            raise
+
+
+# ---------------------------------------------------------------------------- app
 
 def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = None) -> FastAPI:
     """Build the app for ``settings``.
 
     Args:
         settings: :class:`ServerSettings`.
-        load: Decoder factory run in the worker thread (default: ``settings.load_decoder``);
+        load: Decoder factory run in each slot's thread (default: ``settings.load_decoder``);
             tests may pass a fake.
 
-    The worker starts (and loads the model in its thread) when the app's lifespan starts, and
-    stops with it; ``app.state`` holds ``settings``, ``worker`` and ``metrics``.
+    The slots start (and load the model in their threads) when the app's lifespan starts, and
+    stop with it; ``app.state`` holds ``settings``, ``worker``, ``metrics`` and ``model_info``.
     """
+    from starlette.middleware.cors import CORSMiddleware
+
     metrics = Metrics()
-    worker = Worker(load or settings.load_decoder, metrics, max_queue=settings.max_queue)
-    svc = _Service(settings, worker, metrics)
+    worker = Worker(load or settings.load_decoder, metrics, max_queue=settings.max_queue, n_slots=settings.n_slots)
+    info = read_model_info(settings.model)
+    svc = _Service(settings, worker, metrics, info)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -305,153 +582,386 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
     app.state.settings = settings
     app.state.worker = worker
     app.state.metrics = metrics
+    app.state.model_info = info
     install_error_handlers(app)
 
-    if settings.api_key:
-        key = settings.api_key
-
+    keys = [k.encode() for k in settings.api_keys]
+    if keys:
         @app.middleware("http")
         async def _auth(request: Request, call_next):
-            if request.url.path not in PUBLIC_PATHS:
+            if request.method != "OPTIONS" and request.url.path not in PUBLIC_PATHS:
                 auth = request.headers.get("authorization", "")
-                given = auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
-                if not given or not secrets.compare_digest(given.encode(), key.encode()):
-                    return error_response(APIError(401, "invalid or missing API key", "authentication_error",
-                                                   None, "invalid_api_key"))
+                given = auth[7:].strip() if auth[:7].lower() == "bearer " else (auth or request.headers.get(
+                    "x-api-key", ""))
+                if not given or not any(secrets.compare_digest(given.encode(), k) for k in keys):
+                    return error_response(APIError(401, "Invalid API Key", "authentication_error", None,
+                                                   "invalid_api_key"))
             return await call_next(request)
+
+    # CORS outermost: preflights are answered before auth, errors carry the CORS headers too.
+    origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
+    cors: dict = dict(allow_methods=[m.strip() for m in settings.cors_methods.split(",") if m.strip()],
+                      allow_headers=[h.strip() for h in settings.cors_headers.split(",") if h.strip()],
+                      allow_credentials=settings.cors_credentials)
+    if origins == ["localhost"]:
+        cors["allow_origin_regex"] = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
+    elif origins == ["*"] and settings.cors_credentials:
+        cors["allow_origin_regex"] = r".*"  # reflect any Origin with credentials (llama-server's default)
+    else:
+        cors["allow_origins"] = origins
+    app.add_middleware(CORSMiddleware, **cors)
+
+    @app.options("/{rest:path}")
+    async def _options(rest: str):
+        """Any OPTIONS that is not a CORS preflight: an empty 200, as llama-server answers."""
+        return Response(status_code=200)
 
     # ------------------------------------------------------------------ info
 
     @app.get("/health")
     @app.get("/v1/health")
     async def health():
-        """200 when the worker is alive with a loaded model, else 503."""
+        """200 when every slot is alive with a loaded model, else 503."""
         if worker.alive:
-            return {"status": "ok", "queued": worker.queued, "processing": int(worker.busy)}
-        return error_response(APIError(503, worker.unavailable_reason(), "server_error", None, "unavailable"))
+            return {"status": "ok", "slots_idle": settings.n_slots - worker.busy, "slots_processing": worker.busy,
+                    "queued": worker.queued}
+        return error_response(APIError(503, worker.unavailable_reason(), "unavailable_error", None, "unavailable"))
 
     created = int(time.time())
+
+    def model_entry() -> dict:
+        vt = {"llama": 1, "gpt2": 2, "bert": 3, "t5": 4, "rwkv": 5, "plamo2": 6}
+        return {
+            "id": settings.model_id, "aliases": settings.aliases, "tags": settings.tag_list, "object": "model",
+            "created": created, "owned_by": "llamacpp",
+            "meta": {"vocab_type": vt.get(info.tokenizer_model, 0), "n_vocab": info.n_vocab, "n_ctx": settings.n_ctx,
+                     "n_ctx_train": info.n_ctx_train, "n_embd": info.n_embd, "n_params": info.n_params,
+                     "size": info.size, "ftype": info.ftype,
+                     "target": Path(settings.model).name,
+                     "drafter": Path(settings.model_draft).name if settings.model_draft else None,
+                     "spec_type": "draft-dflash" if settings.model_draft else "none",
+                     "n_draft_max": settings.n_draft_max},
+        }
 
     @app.get("/v1/models")
     @app.get("/models")
     async def models():
-        """The served model."""
-        return {"object": "list", "data": [{
-            "id": settings.model_id, "object": "model", "created": created, "owned_by": "dflash2-gguf",
-            "meta": {"n_ctx": settings.n_ctx, "target": os.path.basename(settings.model),
-                     "drafter": os.path.basename(settings.model_draft) if settings.model_draft else None,
-                     "spec_type": "draft-dflash" if settings.model_draft else "none",
-                     "n_draft_max": settings.n_draft_max},
-        }]}
+        """The served model (llama-server's shape: ``models`` and ``data``)."""
+        m = model_entry()
+        return {"models": [{"name": m["id"], "model": m["id"], "modified_at": "", "size": "", "digest": "",
+                            "type": "model", "description": "", "tags": m["tags"] or [""],
+                            "capabilities": ["completion"], "parameters": "",
+                            "details": {"parent_model": "", "format": "gguf", "family": "", "families": [""],
+                                        "parameter_size": "", "quantization_level": ""}}],
+                "object": "list", "data": [m]}
+
+    def default_params() -> dict:
+        return svc.job_params(LlamaCompletionRequest(prompt=""), settings.n_predict)
+
+    @app.get("/props")
+    async def props():
+        """llama-server's ``GET /props``."""
+        return {
+            "default_generation_settings": {"id": 0, "id_task": -1, "n_ctx": settings.n_ctx,
+                                            "speculative": settings.model_draft is not None,
+                                            "is_processing": False, "params": default_params()},
+            "total_slots": settings.n_slots, "model_alias": settings.model_id, "model_ftype": info.ftype,
+            "model_path": settings.model,
+            "modalities": {"vision": False, "video": False, "audio": False},
+            "media_marker": None, "endpoint_slots": settings.endpoint_slots, "endpoint_props": False,
+            "endpoint_metrics": True, "ui": False, "ui_settings": {},
+            "chat_template": settings.chat_template if settings.chat_template is not None else info.chat_template,
+            "chat_template_caps": {}, "bos_token": info.bos_token, "eos_token": info.eos_token,
+            "build_info": BUILD_INFO, "is_sleeping": False, "cors_proxy_enabled": False,
+        }
+
+    @app.post("/props")
+    async def props_post():
+        """Changing global properties is not supported (llama-server needs ``--props`` for it)."""
+        raise APIError(501, "changing global properties (POST /props) is not supported by this server",
+                       "not_supported_error", None, "not_supported")
+
+    @app.get("/slots")
+    async def slots(request: Request):
+        """llama-server's ``GET /slots`` (``?fail_on_no_slot=1``: 503 when no slot is free)."""
+        if not settings.endpoint_slots:
+            raise APIError(501, "This server does not support slots endpoint. Start it with `--slots`",
+                           "not_supported_error", None, "not_supported")
+        if request.query_params.get("fail_on_no_slot") not in (None, "", "0", "false") and \
+                all(s.busy for s in worker.slots):
+            raise APIError(503, "no slot available", "unavailable_error", None, "unavailable")
+        dp = default_params()
+        out = []
+        for s in worker.slots:
+            job = s.job
+            params = s.last_params or dp
+            n_pred = params.get("n_predict", -1)
+            out.append({
+                "id": s.id, "id_task": job.id if job else -1, "n_ctx": settings.n_ctx,
+                "speculative": settings.model_draft is not None, "is_processing": job is not None,
+                "params": params,
+                "next_token": {"has_next_token": job is not None, "has_new_line": s.has_new_line,
+                               "n_remain": (n_pred - s.n_decoded) if job is not None and n_pred >= 0 else -1,
+                               "n_decoded": s.n_decoded},
+            })
+        return out
 
     @app.get("/metrics")
     async def prom():
         """Prometheus text."""
         return PlainTextResponse(metrics.prometheus(), media_type="text/plain; version=0.0.4")
 
-    # ------------------------------------------------------------------ OpenAI
+    # ------------------------------------------------------------------ vocabulary
+
+    def vocab_decoder() -> Any:
+        if not worker.alive or worker.decoder is None:
+            raise APIError(503, worker.unavailable_reason(), "unavailable_error", None, "unavailable")
+        return worker.decoder
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        """llama-server's ``/tokenize`` (``add_special`` false, ``parse_special`` true by default)."""
+        body = await parse_body(request, TokenizeRequest)
+        dec = vocab_decoder()
+
+        def work():
+            if body.content is None:
+                return []
+            c = body.content
+            if isinstance(c, str):
+                toks = dec.tokenize(c, add_special=body.add_special, parse_special=body.parse_special)
+            else:
+                toks = []
+                for i, x in enumerate(c):
+                    toks += dec.tokenize(x, add_special=body.add_special and i == 0,
+                                         parse_special=body.parse_special) if isinstance(x, str) else [int(x)]
+            return [{"id": t, "piece": _piece(dec, t)} for t in toks] if body.with_pieces else toks
+
+        return {"tokens": await asyncio.to_thread(work)}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        """llama-server's ``/detokenize`` (special tokens rendered)."""
+        body = await parse_body(request, DetokenizeRequest)
+        dec = vocab_decoder()
+        nv = int(dec.n_vocab)
+        bad = [t for t in body.tokens if not 0 <= t < nv]
+        if bad:
+            raise APIError(400, f"token id {bad[0]} out of range [0, {nv})", "invalid_request_error", "tokens",
+                           "invalid_value")
+        return {"content": await asyncio.to_thread(dec.detokenize, body.tokens, True)}
+
+    @app.post("/apply-template")
+    async def apply_template(request: Request):
+        """llama-server's ``/apply-template``: the rendered chat prompt, no generation."""
+        body = await parse_body(request, ApplyTemplateRequest)
+        dec = vocab_decoder()
+        text = await asyncio.to_thread(compat.render_chat, dec, body.template_messages(),
+                                       template=settings.chat_template, jinja=settings.jinja, **_chat_opts(body))
+        return {"prompt": text}
+
+    # ------------------------------------------------------------------ generation
+
+    def verbose_of(body: Any) -> bool:
+        return settings.verbose or body.verbose
+
+    def native_final(c: _Choice, body: Any, index: int, *, stream: bool) -> dict:
+        st = c.stats
+        stop_type = _STOP_TYPE.get(st.stop_reason, "eos")
+        gs = dict(c.job.params, n_ctx=settings.n_ctx, model=settings.model_id)
+        out = {
+            "index": index, "content": c.text, "tokens": c.tokens if (body.return_tokens and not stream) else [],
+            "id_slot": c.job.info.get("id_slot", 0), "stop": True, "model": settings.model_id,
+            "tokens_predicted": st.n_generated, "tokens_evaluated": st.n_prompt, "generation_settings": gs,
+            "prompt": c.job.info.get("prompt", ""), "has_new_line": "\n" in c.text,
+            "truncated": st.stop_reason == "context", "stop_type": stop_type,
+            "stopping_word": _stopping_word(c.text, body.stop_list) if stop_type == "word" else "",
+            "tokens_cached": _n_cached(st), "timings": _timings(st),
+        }
+        if c.logprobs and not stream:
+            out["completion_probabilities"] = c.logprobs
+        return compat.nested_fields(body.response_fields, out) if body.response_fields else out
+
+    async def generate(body: Any, request: Request, prepares: list):
+        svc.check_n(body)
+        jobs = svc.submit_all(body, prepares)
+        if not body.stream:
+            return await svc.collect_all(jobs, request), jobs
+        await svc.start_stream(jobs)
+        return None, jobs
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
-        """OpenAI text completion."""
+    async def completions(request: Request):
+        """OpenAI text completion (llama-server's prompt forms and fields)."""
         metrics.request("/v1/completions")
-        prompt = body.prompt
-        kw = svc.gen_kwargs(prompt=prompt, max_tokens=body.max_tokens, sampling=svc.sampling(body, body.seed),
-                            stop=body.stop_list, n_draft_max=body.n_draft_max, use_drafter=body.use_drafter)
-        job, first = await svc.start(kw)
+        body = await parse_body(request, CompletionRequest)
+        prompts = compat.split_prompts(body.prompt)
+        done, jobs = await generate(body, request, [svc.make_prepare(body, prompt=p) for p in prompts])
         cid, now, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), settings.model_id
 
-        def obj(text: str, finish: Optional[str]) -> dict:
-            return {"id": cid, "object": "text_completion", "created": now, "model": model,
-                    "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+        def obj(choices: list) -> dict:
+            return {"choices": choices, "created": now, "model": model, "system_fingerprint": BUILD_INFO,
+                    "object": "text_completion", "id": cid}
 
-        if not body.stream:
-            text, _toks, st = await svc.collect(job, first, request)
-            out = obj(text, _FINISH.get(st.stop_reason, "stop"))
-            out["usage"] = _usage(st)
-            out["timings"] = _timings(st)
+        def choice(i: int, text: str, finish: Optional[str], lp=None) -> dict:
+            return {"text": text, "index": i, "logprobs": {"content": lp} if lp else None, "finish_reason": finish}
+
+        if done is not None:
+            out = obj([choice(i, c.text, _FINISH.get(c.stats.stop_reason, "stop"), c.logprobs)
+                       for i, c in enumerate(done)])
+            out["usage"] = _usage([c.stats for c in done])
+            out["timings"] = _timings(done[0].stats)
+            if verbose_of(body):
+                out["__verbose"] = native_final(done[0], body, 0, stream=False)
             return out
 
-        def on_chunk(ch) -> Optional[str]:
-            return _sse(obj(ch.text, None)) if ch.text else None
+        def on_start(i, job):
+            if not body.return_progress:
+                return []
+            o = obj([choice(i, "", None)])
+            o["prompt_progress"] = _progress(job)
+            return [_sse(o)]
 
-        def on_done(st) -> list:
-            return _closing_events(obj, "", st, body.include_usage)
+        n_dec = {}
 
-        return _event_stream(svc.stream(job, first, on_chunk, on_done))
+        def on_chunk(i, job, ch):
+            n_dec[i] = n_dec.get(i, 0) + len(ch.tokens)
+            if not ch.text and not body.timings_per_token:
+                return []
+            o = obj([choice(i, ch.text, None, list(getattr(ch, "logprobs", None) or []) or None)])
+            if body.timings_per_token:
+                o["timings"] = _partial_timings(job, n_dec[i])
+            return [_sse(o)]
+
+        stats_seen = []
+
+        def on_done(i, job, st):
+            stats_seen.append(st)
+            last = obj([choice(i, "", _FINISH.get(st.stop_reason, "stop"))])
+            last["timings"] = _timings(st)
+            lines = [_sse(last)]
+            if body.include_usage and i == len(jobs) - 1:
+                u = obj([])
+                u["usage"] = _usage(stats_seen)
+                lines.append(_sse(u))
+            return lines
+
+        return _event_stream(svc.stream(jobs, on_chunk, on_done, on_start=on_start))
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatCompletionRequest, request: Request):
-        """OpenAI chat completion (prompt rendered with the GGUF's chat template)."""
+    @app.post("/chat/completions")
+    async def chat(request: Request):
+        """OpenAI chat completion (prompt rendered with the chat template)."""
         metrics.request("/v1/chat/completions")
-        kw = svc.gen_kwargs(messages=body.chat_messages(), max_tokens=body.token_limit,
-                            sampling=svc.sampling(body, body.seed), stop=body.stop_list,
-                            n_draft_max=body.n_draft_max, use_drafter=body.use_drafter)
-        job, first = await svc.start(kw)
+        body = await parse_body(request, ChatCompletionRequest)
+        if body.tools and body.tool_choice != "none":
+            raise APIError(400, "tools are not supported by this server yet (tool-call parsing is not wired in); "
+                                "send no tools, an empty list, or tool_choice 'none'", "invalid_request_error",
+                           "tools", "not_supported")
+        prep = svc.make_prepare(body, messages=body.template_messages(), chat=_chat_opts(body))
+        done, jobs = await generate(body, request, [prep])
         cid, now, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), settings.model_id
 
-        if not body.stream:
-            text, _toks, st = await svc.collect(job, first, request)
-            return {"id": cid, "object": "chat.completion", "created": now, "model": model,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                 "logprobs": None, "finish_reason": _FINISH.get(st.stop_reason, "stop")}],
-                    "usage": _usage(st), "timings": _timings(st)}
+        def obj(choices: list, object_: str = "chat.completion.chunk") -> dict:
+            return {"choices": choices, "created": now, "id": cid, "model": model, "system_fingerprint": BUILD_INFO,
+                    "object": object_}
 
-        def obj(delta: dict, finish: Optional[str]) -> dict:
-            return {"id": cid, "object": "chat.completion.chunk", "created": now, "model": model,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        if done is not None:
+            choices = []
+            for i, c in enumerate(done):
+                ch = {"finish_reason": _FINISH.get(c.stats.stop_reason, "stop"), "index": i,
+                      "message": {"role": "assistant", "content": c.text}}
+                ch["logprobs"] = {"content": c.logprobs} if c.logprobs else None
+                choices.append(ch)
+            out = obj(choices, "chat.completion")
+            out["usage"] = _usage([c.stats for c in done])
+            out["timings"] = _timings(done[0].stats)
+            if verbose_of(body):
+                out["__verbose"] = native_final(done[0], body, 0, stream=False)
+            return out
 
-        sent_role = [False]
+        def delta(i: int, d: dict, finish: Optional[str]) -> dict:
+            return {"finish_reason": finish, "index": i, "delta": d, "logprobs": None}
 
-        def on_chunk(ch) -> Optional[str]:
-            if not ch.text:
-                return None
-            delta = {"content": ch.text}
-            if not sent_role[0]:
-                delta = {"role": "assistant", "content": ch.text}
-                sent_role[0] = True
-            return _sse(obj(delta, None))
+        def on_start(i, job):
+            o = obj([delta(i, {"role": "assistant", "content": None}, None)])
+            if body.return_progress:
+                o["prompt_progress"] = _progress(job)
+            return [_sse(o)]
 
-        def on_done(st) -> list:
-            opening = [] if sent_role[0] else [_sse(obj({"role": "assistant", "content": ""}, None))]
-            return opening + _closing_events(obj, {}, st, body.include_usage)
+        n_dec = {}
 
-        return _event_stream(svc.stream(job, first, on_chunk, on_done))
+        def on_chunk(i, job, ch):
+            n_dec[i] = n_dec.get(i, 0) + len(ch.tokens)
+            if not ch.text and not body.timings_per_token:
+                return []
+            o = obj([delta(i, {"content": ch.text} if ch.text else {}, None)])
+            if body.timings_per_token:
+                o["timings"] = _partial_timings(job, n_dec[i])
+            return [_sse(o)]
 
-    # ------------------------------------------------------------------ llama-server native
+        stats_seen = []
+
+        def on_done(i, job, st):
+            stats_seen.append(st)
+            last = obj([delta(i, {}, _FINISH.get(st.stop_reason, "stop"))])
+            last["timings"] = _timings(st)
+            lines = [_sse(last)]
+            if body.include_usage and i == len(jobs) - 1:
+                u = obj([])
+                u["usage"] = _usage(stats_seen)
+                lines.append(_sse(u))
+            return lines
+
+        return _event_stream(svc.stream(jobs, on_chunk, on_done, on_start=on_start))
 
     @app.post("/completion")
     @app.post("/completions")
-    async def llama_completion(body: LlamaCompletionRequest, request: Request):
-        """llama-server's ``/completion``."""
+    async def llama_completion(request: Request):
+        """llama-server's native ``/completion``."""
         metrics.request("/completion")
-        seed = None if body.seed < 0 else body.seed
-        n_predict = None if body.n_predict < 0 else body.n_predict
-        kw = svc.gen_kwargs(prompt=body.prompt, max_tokens=n_predict, sampling=svc.sampling(body, seed),
-                            stop=list(body.stop), n_draft_max=body.n_draft_max, ignore_eos=body.ignore_eos)
-        job, first = await svc.start(kw)
+        body = await parse_body(request, LlamaCompletionRequest)
+        prompts = compat.split_prompts(body.prompt)
+        done, jobs = await generate(body, request, [svc.make_prepare(body, prompt=p) for p in prompts])
+        if done is not None:
+            res = [native_final(c, body, i, stream=False) for i, c in enumerate(done)]
+            return res[0] if len(res) == 1 else JSONResponse(res)
 
-        def final(text: str, toks: list, st) -> dict:
-            stop_type = _STOP_TYPE.get(st.stop_reason, "eos")
-            return {"content": text, "tokens": toks, "id_slot": 0, "stop": True, "model": settings.model_id,
-                    "tokens_predicted": st.n_generated, "tokens_evaluated": st.n_prompt,
-                    "generation_settings": {"n_predict": body.n_predict, "temperature": body.temperature,
-                                            "top_k": body.top_k, "top_p": body.top_p, "min_p": body.min_p,
-                                            "seed": body.seed, "stop": list(body.stop), "n_ctx": settings.n_ctx},
-                    "stop_type": stop_type, "stopping_word": body.stop[0] if stop_type == "word" and body.stop else "",
-                    "truncated": False, "has_new_line": "\n" in text, "timings": _timings(st)}
+        n_dec = {}
 
-        if not body.stream:
-            text, toks, st = await svc.collect(job, first, request)
-            return final(text, toks, st)
+        def on_start(i, job):
+            if not body.return_progress:
+                return []
+            return [_sse({"index": i, "content": "", "tokens": [], "stop": False, "id_slot": job.info.get("id_slot", 0),
+                          "tokens_predicted": 0, "tokens_evaluated": job.info.get("n_prompt", 0),
+                          "prompt_progress": _progress(job)})]
 
-        def on_chunk(ch) -> Optional[str]:
-            return _sse({"content": ch.text, "tokens": list(ch.tokens), "stop": False, "id_slot": 0})
+        def on_chunk(i, job, ch):
+            n_dec[i] = n_dec.get(i, 0) + len(ch.tokens)
+            o = {"index": i, "content": ch.text, "tokens": list(ch.tokens), "stop": False,
+                 "id_slot": job.info.get("id_slot", 0), "tokens_predicted": n_dec[i],
+                 "tokens_evaluated": job.info.get("n_prompt", 0)}
+            if body.timings_per_token:
+                o["timings"] = _partial_timings(job, n_dec[i])
+            lp = list(getattr(ch, "logprobs", None) or [])
+            if lp:
+                o["completion_probabilities"] = lp
+            return [_sse(o)]
 
-        def on_done(st) -> list:
-            return [_sse(final("", [], st))]
+        def on_done(i, job, st):
+            return [_sse(native_final(_Choice("", [], st, job), body, i, stream=True))]
 
-        return _event_stream(svc.stream(job, first, on_chunk, on_done, done_line=False))
+        return _event_stream(svc.stream(jobs, on_chunk, on_done, done_line=False, on_start=on_start))
 
     return app
 
+
+def _chat_opts(body: Any) -> dict:
+    """render_chat keywords from a chat request."""
+    return {"add_generation_prompt": body.add_generation_prompt,
+            "continue_final_message": body.continue_final_message,
+            "template_kwargs": body.chat_template_kwargs}
+
+
+def _stopping_word(text: str, stops: list) -> str:
+    return stops[0] if stops else ""

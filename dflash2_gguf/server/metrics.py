@@ -77,10 +77,10 @@ class Metrics:
             self.n_cancelled += 1
             self.cancelled_tokens += int(n_tokens)
 
-    def set_busy(self, busy: bool) -> None:
-        """The worker started (True) or ended (False) a generation."""
+    def set_processing(self, n: int) -> None:
+        """Generations running now (one per busy slot)."""
         with self._lock:
-            self.processing = 1 if busy else 0
+            self.processing = int(n)
 
     def set_queue(self, n: int) -> None:
         """Jobs waiting in the worker's queue."""
@@ -120,7 +120,7 @@ class Metrics:
         "acceptance_length": ("gauge", "mean acceptance length (tokens per target pass, bonus included)"),
         "tokens_per_second": ("gauge", "tokens/s of the last finished generation, prefill included"),
         "decode_tokens_per_second": ("gauge", "decode tokens/s of the last finished generation"),
-        "requests_processing": ("gauge", "generations running (0 or 1)"),
+        "requests_processing": ("gauge", "generations running (one per busy slot, at most --parallel)"),
         "requests_queued": ("gauge", "requests waiting for the worker"),
     }
 

@@ -1,0 +1,336 @@
+"""llama-server's request semantics, run in a slot thread before a generation.
+
+Sources: tools/server/server-common.cpp (``tokenize_mixed``, ``tokenize_input_prompts``,
+``oaicompat_chat_params_parse``, ``json_get_nested_values``) and server-schema.cpp at llama.cpp
+0c1e570. What happens here:
+
+- Prompts (:func:`split_prompts`, :func:`tokenize_prompt`): a string, token ids, a mixed list of
+  ids and strings, or ``{"prompt_string": ...}`` (``multimodal_data`` -> 400: no multimodal input);
+  a list of several of those gives one completion per prompt. Text is tokenized with BOS per the
+  GGUF and special tokens parsed, as llama-server does (``add_special`` only before a leading string).
+- Chat (:func:`render_chat`): :meth:`DFlashDecoder.apply_chat_template`, with llama-server's
+  assistant prefill: when the last message is an assistant message (or ``continue_final_message``
+  is true with ``add_generation_prompt: false``), the reply continues that message (the rendering
+  is cut right after its text, as transformers' ``continue_final_message``).
+- Context (:func:`check_context`): a prompt of ``n_ctx`` tokens or more is a 400
+  ``exceed_context_size_error`` with ``n_prompt_tokens`` / ``n_ctx``.
+- Sampling (:func:`sampling_params`): the request's values over the server's defaults, mapped onto
+  :class:`~dflash2_gguf.sampling.SamplingParams`; fields this build's ``SamplingParams`` lacks are a
+  400 when given a non-neutral value (never silently dropped).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import math
+from typing import Any, Dict, List, Optional, Sequence
+
+from .errors import APIError, context_error
+
+__all__ = [
+    "split_prompts", "tokenize_prompt", "render_chat", "check_context", "sampling_params",
+    "nested_fields", "schema_grammar", "parse_logit_bias",
+]
+
+log = logging.getLogger("dflash2_gguf.server")
+
+
+def _bad(param: str, message: str) -> APIError:
+    return APIError(400, message, "invalid_request_error", param, "invalid_value")
+
+
+# ---------------------------------------------------------------------------- prompts
+
+def _is_ids(x: Any) -> bool:
+    return isinstance(x, list) and len(x) > 0 and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+
+def _is_mixed(x: Any) -> bool:
+    """A list of ids and strings with at least one id (one prompt, llama-server's mixed form)."""
+    return (isinstance(x, list) and any(isinstance(t, int) and not isinstance(t, bool) for t in x)
+            and all(isinstance(t, (int, str)) and not isinstance(t, bool) for t in x))
+
+
+def split_prompts(prompt: Any) -> List[Any]:
+    """llama-server's prompt forms -> a list of single prompts (``tokenize_input_prompts``).
+
+    Raises:
+        APIError: 400 for an empty prompt or an element of another type.
+    """
+    if isinstance(prompt, (str, dict)) or _is_mixed(prompt):
+        out = [prompt]
+    elif isinstance(prompt, list):
+        out = list(prompt)
+    else:
+        raise _bad("prompt", "\"prompt\" must be a string, a list of tokens, a JSON object with \"prompt_string\", "
+                             "or a list of those")
+    if not out:
+        raise _bad("prompt", "\"prompt\" must not be empty")
+    for p in out:
+        if not (isinstance(p, (str, dict)) or _is_mixed(p)):
+            raise _bad("prompt", "\"prompt\" elements must be a string, a list of tokens, a JSON object containing "
+                                 "a prompt string, or a list of mixed strings & tokens")
+        if isinstance(p, dict):
+            if p.get("multimodal_data"):
+                raise APIError(400, "multimodal_data is not supported: this server has no multimodal input",
+                               "invalid_request_error", "prompt", "not_supported")
+            if not isinstance(p.get("prompt_string"), str):
+                raise _bad("prompt", "a JSON-object prompt needs \"prompt_string\" (a string)")
+    return out
+
+
+def prompt_text(p: Any) -> str:
+    """A single prompt as text for display (ids shown as ``[id]``)."""
+    if isinstance(p, str):
+        return p
+    if isinstance(p, dict):
+        return p["prompt_string"]
+    return "".join(x if isinstance(x, str) else f"[{x}]" for x in p)
+
+
+def tokenize_prompt(decoder: Any, p: Any) -> List[int]:
+    """Token ids of one prompt (``tokenize_mixed``: BOS per the GGUF only before a leading string,
+    special tokens parsed)."""
+    if isinstance(p, dict):
+        p = p["prompt_string"]
+    if isinstance(p, str):
+        ids = decoder.tokenize(p, add_special=True, parse_special=True)
+    else:
+        ids = []
+        for i, x in enumerate(p):
+            ids += decoder.tokenize(x, add_special=(i == 0), parse_special=True) if isinstance(x, str) else [int(x)]
+    if not ids:
+        raise _bad("prompt", "the prompt is empty")
+    return ids
+
+
+def check_context(n_prompt: int, n_ctx: int) -> None:
+    """Raise llama-server's 400 when ``n_prompt >= n_ctx``."""
+    if n_prompt >= n_ctx:
+        raise context_error(n_prompt, n_ctx)
+
+
+# ---------------------------------------------------------------------------- chat
+
+def _template_kwargs(method: Any) -> set:
+    try:
+        sig = inspect.signature(method)
+    except (TypeError, ValueError):  # pragma: no cover
+        return set()
+    if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        return {"*"}
+    return set(sig.parameters)
+
+
+def render_chat(decoder: Any, messages: List[Dict[str, Any]], *, add_generation_prompt: bool = True,
+                continue_final_message: Any = None, template: Optional[str] = None, jinja: bool = True,
+                template_kwargs: Optional[Dict[str, Any]] = None) -> str:
+    """Render ``messages`` with the decoder's chat template (or ``template``), llama-server style.
+
+    Args:
+        decoder: A :class:`~dflash2_gguf.api.DFlashDecoder` (its ``apply_chat_template``).
+        messages: Template dicts (role, content, and tool fields).
+        add_generation_prompt / continue_final_message: The request's fields. With the last
+            message an assistant's and ``continue_final_message`` not given, the message is
+            continued (llama-server's default ``--prefill-assistant``).
+        template: ``--chat-template`` / ``--chat-template-file`` text, or None for the GGUF's.
+        jinja: ``--jinja`` (True) or ``--no-jinja``.
+        template_kwargs: ``chat_template_kwargs`` (passed when the renderer takes them).
+
+    Raises:
+        APIError: 400 for llama-server's refusals (both ``add_generation_prompt`` and
+            ``continue_final_message``, two assistant messages at the end, a final message the
+            rendering does not contain) and for a template that cannot be rendered.
+    """
+    cont = continue_final_message
+    cont = cont not in (None, False, "none", "")
+    if cont and add_generation_prompt:
+        raise _bad("continue_final_message",
+                   "Cannot set both add_generation_prompt and continue_final_message to true.")
+    if not cont and continue_final_message is None and messages and messages[-1]["role"] == "assistant":
+        if len(messages) >= 2 and messages[-2]["role"] == "assistant":
+            raise _bad("messages", "Cannot have 2 or more assistant messages at the end of the list.")
+        cont, add_generation_prompt = True, False
+    if cont and messages and messages[-1].get("tool_calls"):
+        raise _bad("continue_final_message", "Cannot continue an assistant message that contains tool calls.")
+    method = decoder.apply_chat_template
+    accepted = _template_kwargs(method)
+    kw: Dict[str, Any] = {"add_generation_prompt": add_generation_prompt}
+    extra = {"chat_template": template, "jinja": None if jinja else False}
+    if template_kwargs:
+        extra["chat_template_kwargs"] = template_kwargs
+    for k, v in extra.items():
+        if v is None:
+            continue
+        if "*" in accepted or k in accepted:
+            kw[k] = v
+        elif k == "chat_template":
+            return _render_override(messages, template, add_generation_prompt, cont)
+    try:
+        text = method(messages, **kw)
+    except APIError:
+        raise
+    except (ValueError, TypeError, KeyError) as e:
+        raise _bad("messages", f"Failed to format input: {e}") from e
+    return _cut_after_final(text, messages) if cont else text
+
+
+def _render_override(messages, template: str, add_generation_prompt: bool, cont: bool) -> str:
+    """Fallback for a decoder whose ``apply_chat_template`` takes no template string: render the
+    ``--chat-template`` text with llama-cpp-python's Jinja2 formatter (bos/eos strings empty)."""
+    try:
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        fmt = Jinja2ChatFormatter(template=template, eos_token="", bos_token="",
+                                  add_generation_prompt=add_generation_prompt)
+        text = fmt(messages=list(messages)).prompt
+    except Exception as e:  # noqa: BLE001 - any template error is the request's / flag's problem
+        raise _bad("messages", f"Failed to format input with --chat-template: {e}") from e
+    return _cut_after_final(text, messages) if cont else text
+
+
+def _cut_after_final(text: str, messages: Sequence[Dict[str, Any]]) -> str:
+    """Cut a rendering right after the final message's text (transformers'
+    ``continue_final_message``: the stripped content's last occurrence)."""
+    final = str(messages[-1].get("content") or "").strip()
+    i = text.rfind(final) if final else -1
+    if i < 0:
+        raise _bad("continue_final_message", "the final message does not appear in the rendered chat, so it "
+                                             "cannot be continued (check the chat template)")
+    return text[: i + len(final)]
+
+
+# ---------------------------------------------------------------------------- sampling
+
+def parse_logit_bias(decoder: Any, bias: Any) -> Dict[int, float]:
+    """llama-server's ``logit_bias`` forms -> ``{token id: bias}`` (``false`` = -inf = banned).
+
+    Accepts ``[[id or text, bias], ...]`` and ``{"id or text": bias}``; a text key applies to
+    each of its tokens; ids outside the vocabulary are skipped, as llama-server skips them.
+    """
+    out: Dict[int, float] = {}
+    if not bias:
+        return out
+    nv = int(decoder.n_vocab)
+    items = bias.items() if isinstance(bias, dict) else [tuple(x) for x in bias if isinstance(x, list) and len(x) == 2]
+    for key, val in items:
+        if isinstance(val, bool):
+            if val:
+                continue
+            b = -math.inf
+        elif isinstance(val, (int, float)):
+            b = float(val)
+        else:
+            continue
+        if isinstance(key, int) or (isinstance(key, str) and key.lstrip("-").isdigit()):
+            tok = int(key)
+            toks = [tok] if 0 <= tok < nv else []
+        elif isinstance(key, str):
+            toks = decoder.tokenize(key, add_special=False, parse_special=False)
+        else:
+            continue
+        for t in toks:
+            out[t] = b
+    return out
+
+
+def schema_grammar(schema: Any) -> str:
+    """GBNF for a JSON schema, with llama-cpp-python's converter (``llama_cpp.llama_grammar``).
+
+    Raises:
+        APIError: 400 when the schema cannot be converted.
+    """
+    import json
+
+    try:
+        from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+        return json_schema_to_gbnf(json.dumps(schema))
+    except Exception as e:  # noqa: BLE001
+        raise _bad("json_schema", f"\"json_schema\": {e}") from e
+
+
+#: request field -> (SamplingParams field, neutral value); mapped only when non-neutral.
+OPTIONAL_SAMPLING = {
+    "repeat_penalty": ("repeat_penalty", 1.0),
+    "repeat_last_n": ("repeat_last_n", None),
+    "presence_penalty": ("presence_penalty", 0.0),
+    "frequency_penalty": ("frequency_penalty", 0.0),
+    "logit_bias": ("logit_bias", {}),
+    "grammar": ("grammar", None),
+    "n_probs": ("n_probs", 0),
+}
+
+
+def sampling_fields() -> set:
+    """Field names of this build's :class:`~dflash2_gguf.sampling.SamplingParams`."""
+    from ..sampling import SamplingParams
+
+    return {f.name for f in dataclasses.fields(SamplingParams)}
+
+
+def sampling_params(req: Any, defaults: Dict[str, Any], decoder: Any, *, grammar: Optional[str] = None,
+                    n_probs: int = 0) -> Any:
+    """:class:`SamplingParams` for request ``req`` over the server's ``defaults``.
+
+    ``defaults``: ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed`` (None or -1 =
+    random). Penalties, ``logit_bias``, ``grammar`` and ``n_probs`` are passed only when
+    ``SamplingParams`` has them (the lead's extension); a non-neutral value it cannot take is a
+    400 naming the field.
+    """
+    from ..sampling import SamplingParams
+
+    def pick(name):
+        v = getattr(req, name, None)
+        return defaults.get(name) if v is None else v
+
+    seed = pick("seed")
+    kw: Dict[str, Any] = dict(temperature=pick("temperature"), top_k=pick("top_k"), top_p=pick("top_p"),
+                              min_p=pick("min_p"), seed=None if seed is None or seed < 0 else seed)
+    have = sampling_fields()
+    wanted: Dict[str, Any] = {}
+    for name in ("repeat_penalty", "presence_penalty", "frequency_penalty"):
+        v = getattr(req, name, None)
+        if v is not None and v != OPTIONAL_SAMPLING[name][1]:
+            wanted[name] = v
+    if wanted and req.repeat_last_n is not None:
+        wanted["repeat_last_n"] = req.repeat_last_n
+    bias = parse_logit_bias(decoder, getattr(req, "logit_bias", None))
+    if bias:
+        wanted["logit_bias"] = bias
+    if grammar:
+        wanted["grammar"] = grammar
+    if n_probs:
+        wanted["n_probs"] = n_probs
+    for name, v in wanted.items():
+        if name not in have:
+            raise APIError(400, f"{name} is not supported by this build yet (its SamplingParams has no {name!r}); "
+                                f"leave it out or send the neutral value", "invalid_request_error", name,
+                           "not_supported")
+        kw[name] = v
+    try:
+        return SamplingParams(**kw)
+    except ValueError as e:
+        raise _bad(next(iter(wanted), "temperature"), str(e)) from e
+
+
+# ---------------------------------------------------------------------------- responses
+
+def nested_fields(paths: Sequence[str], obj: Dict[str, Any]) -> Dict[str, Any]:
+    """llama-server's ``response_fields``: each ``a/b`` path present in ``obj`` becomes a
+    top-level key named by the whole path; missing paths are left out (``json_get_nested_values``)."""
+    out: Dict[str, Any] = {}
+    for path in paths:
+        cur: Any = obj
+        ok = True
+        for k in path.split("/"):
+            if isinstance(cur, dict) and k in cur:
+                cur = cur[k]
+            else:
+                ok = False
+                break
+        if ok:
+            out[path] = cur
+    return out
