@@ -230,22 +230,14 @@ def test_bad_requests_get_openai_errors_and_server_keeps_serving(live, client):
     r = httpx.post(url + "/v1/chat/completions", content=b"not json", timeout=30,
                    headers={"content-type": "application/json"})
     _err(r, 400)
-    e = _err(httpx.post(url + "/v1/completions", json={"prompt": "x", "max_token": 4}, timeout=30), 400,
-             "unknown_parameter")
-    assert e["param"] == "max_token"
-    for bad in ({"temperature": -1}, {"top_p": 0}, {"top_p": 1.5}, {"max_tokens": 0}, {"n": 2},
-                {"presence_penalty": 0.5}, {"logprobs": 3}, {"seed": -5}):
+    for bad in ({"temperature": -1}, {"top_p": 0}, {"top_p": 1.5}, {"max_tokens": -2}, {"n": 2},
+                {"mirostat": 2}, {"seed": -5}, {"temperature": "hot"}):
         e = _err(httpx.post(url + "/v1/completions", json={"prompt": "x", **bad}, timeout=30), 400)
         assert e["param"] == next(iter(bad)), e
     _err(httpx.post(url + "/v1/chat/completions", json={"messages": [], "max_tokens": 2}, timeout=30), 400)
-    _err(httpx.post(url + "/v1/chat/completions", json={"messages": CHAT, "tools": []}, timeout=30), 400,
-         "unknown_parameter")
-    _err(httpx.post(url + "/completion", json={"prompt": "x", "n_predict": 2, "bogus": 1}, timeout=30), 400)
     _err(httpx.post(url + "/v1/completions", json={"prompt": [10**9], "max_tokens": 2}, timeout=30), 400)
     _err(httpx.get(url + "/v1/nope", timeout=30), 404, "not_found")
     # the official client sees the same errors as typed exceptions
-    with pytest.raises(openai.BadRequestError):
-        client.completions.create(model="smol", prompt="x", max_tokens=2, extra_body={"foo": 1})
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="smol", messages=CHAT, temperature=-0.5)
     # prompts longer than the context, streaming or not
@@ -253,6 +245,7 @@ def test_bad_requests_get_openai_errors_and_server_keeps_serving(live, client):
     for stream in (False, True):
         e = _err(httpx.post(url + "/v1/completions", json={"prompt": long_prompt, "max_tokens": 4, "stream": stream},
                             timeout=60), 400, "context_length_exceeded")
+        assert e["type"] == "exceed_context_size_error" and e["n_ctx"] == N_CTX and e["n_prompt_tokens"] > N_CTX
     with pytest.raises(openai.BadRequestError) as ei:
         client.chat.completions.create(model="smol", messages=[{"role": "user", "content": long_prompt}], max_tokens=4)
     assert ei.value.code == "context_length_exceeded"
@@ -322,19 +315,34 @@ def test_api_key(smollm2_gguf, native_ext):
 # ---------------------------------------------------------------------------- worker health (no model)
 
 class _FakeDecoder:
-    """Stands in for DFlashDecoder: ``mode`` "ok" yields two chunks, "die" kills the worker."""
+    """Stands in for DFlashDecoder: ``mode`` "ok" yields two chunks ("a", "b"), "die" kills the
+    worker. Tokens are characters (id = code point % 100); every generate's keywords are kept in
+    ``calls``."""
 
     n_vocab = 100
 
     def __init__(self, mode: str = "ok", delay: float = 0.0) -> None:
         self.mode, self.delay = mode, delay
+        self.calls = []
+
+    def tokenize(self, text, add_special=True, parse_special=False):
+        return ([1] if add_special else []) + [ord(c) % 100 for c in text]
+
+    def detokenize(self, tokens, special=False):
+        return "".join(chr(t) for t in tokens)
+
+    def apply_chat_template(self, messages, add_generation_prompt=True):
+        text = "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages)
+        return text + ("<assistant>" if add_generation_prompt else "")
 
     def generate(self, stream=True, **kw):
         from dflash2_gguf.api import GenerationStats, StreamChunk
 
+        self.calls.append(kw)
         if self.mode == "die":
             raise SystemExit("worker thread killed")  # not an Exception: ends the worker thread
-        st = GenerationStats(1, 2, 1, 0, 0, 1.0, [], [], [], 0.0, 0.0, 0.0, 0.0, 0.0, 0.01, 200.0, 100.0, "length")
+        st = GenerationStats(len(kw.get("prompt") or [1]), 2, 1, 0, 0, 1.0, [], [], [], 0.0, 0.0, 0.0, 0.0, 0.0,
+                             0.01, 200.0, 100.0, "length")
         yield StreamChunk("a", [1], [False], False)
         time.sleep(self.delay)
         yield StreamChunk("b", [2], [False], True, st)
@@ -379,7 +387,8 @@ def test_fake_decoder_roundtrip_and_queue(tmp_path):
                                                   json={"messages": CHAT}, timeout=60), range(8)))
         assert all(r.status_code == 200 for r in rs)
         assert all(r.json()["choices"][0]["message"]["content"] == "ab" for r in rs)
-        assert rs[0].json()["usage"] == {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+        u = rs[0].json()["usage"]
+        assert u["completion_tokens"] == 2 and u["total_tokens"] == u["prompt_tokens"] + 2
         assert _metrics(srv.url)["dflash2_requests_finished_total"] == 8
 
 
@@ -426,3 +435,274 @@ def test_serve_flags(tmp_path):
     assert s.model_draft is None and s.n_ctx == 4096 and s.model_id == "t.gguf"
     with pytest.raises(ValueError):
         settings_from_args(build_parser().parse_args(["serve", "-m", str(t), "--spec-type", "draft-dflash"]))
+
+
+# ---------------------------------------------------------------------------- llama-server drop-in (issue 17)
+# Each test asserts what tools/server/README.md (and server*.cpp) at llama.cpp 0c1e570 document.
+# Fake decoders: no model, fast.
+
+def _fake(tmp_path, **kw):
+    """(LiveServer, fake decoders list) with a fake decoder per slot."""
+    decs = []
+    delay = kw.pop("_delay", 0.0)
+
+    def load():
+        d = _FakeDecoder("ok", delay=delay)
+        decs.append(d)
+        return d
+
+    s = ServerSettings(model=str(tmp_path / "none.gguf"), **kw)
+    return LiveServer(s, load=load), decs
+
+
+def test_openai_sdk_with_and_without_v1(tmp_path):
+    srv, decs = _fake(tmp_path, alias="fake")
+    with srv:
+        for base in (srv.url + "/v1", srv.url):  # llama-server routes /chat/completions and /v1/...
+            c = openai.OpenAI(base_url=base, api_key="x", max_retries=0, timeout=60)
+            r = c.chat.completions.create(model="fake", messages=CHAT, max_tokens=4)
+            assert r.choices[0].message.content == "ab" and r.object == "chat.completion"
+            parts = list(c.chat.completions.create(model="fake", messages=CHAT, max_tokens=4, stream=True))
+            assert "".join(p.choices[0].delta.content or "" for p in parts if p.choices) == "ab"
+        # /completions without /v1 is llama-server's native completion, /v1/completions OpenAI's
+        j = httpx.post(srv.url + "/completions", json={"prompt": "hi", "n_predict": 4}, timeout=30).json()
+        assert j["content"] == "ab" and j["stop_type"] == "limit"
+        r = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0).completions.create(
+            model="fake", prompt="hi", max_tokens=4)
+        assert r.choices[0].text == "ab"
+
+
+def test_tokenize_detokenize_apply_template(tmp_path):
+    srv, _ = _fake(tmp_path)
+    with srv:
+        u = srv.url
+        assert httpx.post(u + "/tokenize", json={"content": "AB"}, timeout=30).json() == {"tokens": [65, 66]}
+        t = httpx.post(u + "/tokenize", json={"content": "A", "add_special": True, "with_pieces": True},
+                       timeout=30).json()["tokens"]
+        assert t == [{"id": 1, "piece": "\x01"}, {"id": 65, "piece": "A"}]
+        assert httpx.post(u + "/detokenize", json={"tokens": [72, 73]}, timeout=30).json() == {"content": "HI"}
+        _err(httpx.post(u + "/detokenize", json={"tokens": [500]}, timeout=30), 400)
+        p = httpx.post(u + "/apply-template", json={"messages": CHAT}, timeout=30).json()["prompt"]
+        assert p == "<user>What is 2 + 2?</user><assistant>"
+        # llama-server's assistant prefill: a final assistant message is continued, not closed
+        msgs = CHAT + [{"role": "assistant", "content": "It is"}]
+        p = httpx.post(u + "/apply-template", json={"messages": msgs}, timeout=30).json()["prompt"]
+        assert p.endswith("<assistant>It is")
+        _err(httpx.post(u + "/apply-template", json={"messages": CHAT, "continue_final_message": True},
+                        timeout=30), 400)
+
+
+def test_props_slots_models(tmp_path):
+    srv, _ = _fake(tmp_path, alias="a1,a2", tags="t1", n_ctx=2048, n_slots=2)
+    with srv:
+        p = httpx.get(srv.url + "/props", timeout=30).json()
+        assert p["default_generation_settings"]["n_ctx"] == 2048 and p["total_slots"] == 2
+        assert {"chat_template", "model_path", "build_info", "modalities"} <= set(p)
+        assert p["default_generation_settings"]["params"]["temperature"] == 0.8
+        _err(httpx.post(srv.url + "/props", json={}, timeout=30), 501)
+        sl = httpx.get(srv.url + "/slots", timeout=30).json()
+        assert [s["id"] for s in sl] == [0, 1] and not any(s["is_processing"] for s in sl)
+        assert {"n_ctx", "params", "next_token", "id_task", "speculative"} <= set(sl[0])
+        m = httpx.get(srv.url + "/v1/models", timeout=30).json()
+        d = m["data"][0]
+        assert d["id"] == "a1" and d["aliases"] == ["a1", "a2"] and d["tags"] == ["t1"]
+        assert d["meta"]["n_ctx"] == 2048 and "n_ctx_train" in d["meta"] and m["models"][0]["name"] == "a1"
+    srv, _ = _fake(tmp_path, endpoint_slots=False)
+    with srv:
+        _err(httpx.get(srv.url + "/slots", timeout=30), 501)
+
+
+def test_cors_preflight_without_api_key(tmp_path):
+    srv, _ = _fake(tmp_path, api_key="k1,k2")
+    pre = {"Origin": "http://example.com", "Access-Control-Request-Method": "POST",
+           "Access-Control-Request-Headers": "authorization, content-type"}
+    with srv:
+        r = httpx.options(srv.url + "/v1/chat/completions", headers=pre, timeout=30)
+        assert r.status_code == 200, r.text
+        assert r.headers["access-control-allow-origin"] == "http://example.com"
+        assert r.headers["access-control-allow-credentials"] == "true"
+        assert "POST" in r.headers["access-control-allow-methods"]
+        assert "authorization" in r.headers["access-control-allow-headers"].lower()
+        assert httpx.request("OPTIONS", srv.url + "/v1/models", timeout=30).status_code == 200
+        r = httpx.get(srv.url + "/v1/models", headers={"Origin": "http://example.com"}, timeout=30)
+        assert r.status_code == 401 and r.headers["access-control-allow-origin"] == "http://example.com"
+        for k in ("k1", "k2"):
+            assert httpx.get(srv.url + "/v1/models", headers={"Authorization": f"Bearer {k}"},
+                             timeout=30).status_code == 200
+    srv, _ = _fake(tmp_path, cors_origins="localhost")
+    with srv:
+        r = httpx.options(srv.url + "/props", headers=pre, timeout=30)
+        assert "access-control-allow-origin" not in r.headers
+        r = httpx.options(srv.url + "/props", headers={**pre, "Origin": "http://localhost:3000"}, timeout=30)
+        assert r.headers["access-control-allow-origin"] == "http://localhost:3000"
+
+
+def test_body_without_json_content_type_and_lenient_fields(tmp_path):
+    srv, decs = _fake(tmp_path)
+    with srv:
+        # curl -d sends application/x-www-form-urlencoded; llama-server parses the body as JSON anyway
+        r = httpx.post(srv.url + "/completion", content=b'{"prompt": "hi", "n_predict": 2}', timeout=30,
+                       headers={"content-type": "application/x-www-form-urlencoded"})
+        assert r.status_code == 200 and r.json()["content"] == "ab"
+        body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi",
+                                                           "cache_control": {"type": "ephemeral"}}]}],
+                "tools": None, "tool_choice": None, "parallel_tool_calls": True, "reasoning_effort": "low",
+                "stream_options": None, "response_fields": None, "some_future_field": {"x": 1},
+                "continue_final_message": None, "temperature": None}
+        r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        assert decs[0].calls[-1]["sampling"].temperature == 0.8  # null = the server default
+        from dflash2_gguf.server.types import ignored_fields
+
+        assert ("ChatCompletionRequest", "some_future_field") in ignored_fields()
+        r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": CHAT, "tools": [], "n_probs": 0}, timeout=30)
+        assert r.status_code == 200
+        e = _err(httpx.post(srv.url + "/v1/chat/completions", json={"messages": CHAT, "max_tokens": "x"},
+                            timeout=30), 400)
+        assert e["param"] == "max_tokens"
+        e = _err(httpx.post(srv.url + "/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            timeout=30), 400)
+        assert "multimodal" in e["message"]
+        assert httpx.get(srv.url + "/health", timeout=30).status_code == 200
+
+
+def test_prompt_forms_n_predict_and_response_fields(tmp_path):
+    srv, decs = _fake(tmp_path, n_ctx=64)
+    with srv:
+        u = srv.url
+        r = httpx.post(u + "/completion", json={"prompt": {"prompt_string": "hi"}, "n_predict": 3}, timeout=30)
+        assert r.status_code == 200 and decs[0].calls[-1]["prompt"] == [1, 4, 5]
+        httpx.post(u + "/completion", json={"prompt": [7, "hi", 8], "n_predict": 3}, timeout=30)
+        assert decs[0].calls[-1]["prompt"] == [7, 1, 4, 5, 8]
+        many = httpx.post(u + "/completion", json={"prompt": ["a", "b"], "n_predict": 3}, timeout=30).json()
+        assert isinstance(many, list) and [m["index"] for m in many] == [0, 1]
+        _err(httpx.post(u + "/completion", json={"prompt": {"prompt_string": "x", "multimodal_data": ["AA=="]}},
+                        timeout=30), 400)
+        # n_predict wins over max_tokens on /v1/completions (llama-server's aliases)
+        httpx.post(u + "/v1/completions", json={"prompt": "hi", "max_tokens": 9, "n_predict": 5}, timeout=30)
+        assert decs[0].calls[-1]["max_tokens"] == 5
+        # no limit anywhere: to the end of the context (n_ctx - prompt)
+        httpx.post(u + "/v1/completions", json={"prompt": "hi"}, timeout=30)
+        assert decs[0].calls[-1]["max_tokens"] == 64 - 3
+        n0 = len(decs[0].calls)
+        j = httpx.post(u + "/completion", json={"prompt": "hi", "n_predict": 0}, timeout=30).json()
+        assert j["content"] == "" and j["tokens_evaluated"] == 3 and len(decs[0].calls) == n0
+        j = httpx.post(u + "/completion", json={"prompt": "hi", "n_predict": 2, "response_fields":
+                                                ["content", "generation_settings/n_predict", "nope"]}, timeout=30).json()
+        assert j == {"content": "ab", "generation_settings/n_predict": 2}
+        e = _err(httpx.post(u + "/completion", json={"prompt": "x" * 80}, timeout=30), 400, "context_length_exceeded")
+        assert (e["type"], e["n_prompt_tokens"], e["n_ctx"]) == ("exceed_context_size_error", 81, 64)
+
+
+def test_stream_timings_per_token_and_progress(tmp_path):
+    srv, _ = _fake(tmp_path)
+    with srv:
+        body = {"prompt": "hi", "n_predict": 2, "stream": True, "timings_per_token": True, "return_progress": True}
+        with httpx.stream("POST", srv.url + "/completion", json=body, timeout=30) as r:
+            ev = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: ")]
+        assert ev[0]["prompt_progress"]["total"] == 3 and ev[0]["prompt_progress"]["processed"] == 3
+        assert all("timings" in e for e in ev[1:]) and ev[-1]["stop"] is True
+        assert "".join(e["content"] for e in ev) == "ab"
+
+
+def test_speculative_request_fields(tmp_path):
+    srv, decs = _fake(tmp_path, n_draft_max=6, p_min=0.1)
+    with srv:
+        u = srv.url
+        httpx.post(u + "/completion", json={"prompt": "x", "n_predict": 2, "speculative.n_max": 3,
+                                            "speculative.p_min": 0.5, "speculative.n_min": 1}, timeout=30)
+        assert (decs[0].calls[-1]["n_draft_max"], decs[0].calls[-1]["p_min"]) == (3, 0.5)
+        httpx.post(u + "/v1/chat/completions", json={"messages": CHAT, "speculative": {"n_max": 99}}, timeout=30)
+        assert decs[0].calls[-1]["n_draft_max"] == 6  # never above --spec-draft-n-max
+        httpx.post(u + "/v1/completions", json={"prompt": "x"}, timeout=30)
+        assert (decs[0].calls[-1]["n_draft_max"], decs[0].calls[-1]["p_min"]) == (6, 0.1)
+        _err(httpx.post(u + "/completion", json={"prompt": "x", "speculative.p_min": 2}, timeout=30), 400)
+
+
+def test_n_choices_parallel_slots_and_verbose(tmp_path):
+    srv, decs = _fake(tmp_path, n_slots=2, verbose=True, _delay=0.3)
+    with srv:
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=60)
+        r = c.chat.completions.create(model="m", messages=CHAT, n=2, max_tokens=2)
+        assert [ch.index for ch in r.choices] == [0, 1] and all(ch.message.content == "ab" for ch in r.choices)
+        assert "__verbose" in r.model_extra
+        _err(httpx.post(srv.url + "/v1/chat/completions", json={"messages": CHAT, "n": 3}, timeout=30), 400)
+        # two requests at once run on the two slots
+        with ThreadPoolExecutor(2) as ex:
+            futs = [ex.submit(httpx.post, srv.url + "/completion", json={"prompt": "x", "n_predict": 2},
+                              timeout=30) for _ in range(2)]
+            time.sleep(0.15)
+            busy = [s["is_processing"] for s in httpx.get(srv.url + "/slots", timeout=30).json()]
+            assert all(f.result().status_code == 200 for f in futs)
+        assert busy == [True, True] and len(decs) == 2 and all(d.calls for d in decs)
+        r = httpx.post(srv.url + "/completion", json={"prompt": "x", "n_predict": 2, "id_slot": 1}, timeout=30)
+        assert r.json()["id_slot"] == 1
+        _err(httpx.post(srv.url + "/completion", json={"prompt": "x", "id_slot": 5}, timeout=30), 400)
+
+
+def test_serve_llama_server_flags(tmp_path):
+    from dflash2_gguf.cli import build_parser
+    from dflash2_gguf.server.__main__ import settings_from_args
+
+    t = tmp_path / "t.gguf"
+    t.write_bytes(b"x")
+    tf = tmp_path / "tmpl.jinja"
+    tf.write_text("{{ messages }}")
+    a = build_parser().parse_args(["serve", "-m", str(t), "--temp", "0.2", "-s", "7", "-n", "33", "-np", "3",
+                                   "--no-jinja", "--chat-template-file", str(tf), "--spec-draft-n-min", "2",
+                                   "--cors-origins", "localhost", "--alias", "a,b", "--tags", "x",
+                                   "--host", "127.0.0.1,::1", "--offline", "--no-slots", "--metrics",
+                                   "--no-context-shift", "-c", "0"])
+    s = settings_from_args(a)
+    assert (s.temperature, s.seed, s.n_predict, s.n_slots, s.jinja, s.chat_template) == \
+        (0.2, 7, 33, 3, False, "{{ messages }}")
+    assert (s.n_draft_min, s.cors_origins, s.aliases, s.tag_list, s.endpoint_slots) == \
+        (2, "localhost", ["a", "b"], ["x"], False)
+    assert a.host == "127.0.0.1,::1" and s.n_ctx == 4096  # -c 0 on a file without metadata: 4096
+    with pytest.raises(ValueError, match="context-shift"):
+        settings_from_args(build_parser().parse_args(["serve", "-m", str(t), "--context-shift"]))
+    from dflash2_gguf.server.__main__ import bind_sockets
+
+    socks = bind_sockets("127.0.0.1,127.0.0.2", 0)
+    assert len(socks) == 2
+    for so in socks:
+        so.close()
+
+
+def test_context_default_is_training_context_capped_by_memory(smollm2_gguf):
+    from dflash2_gguf.server.context import read_model_info, resolve_n_ctx
+
+    info = read_model_info(str(smollm2_gguf))
+    assert info.n_ctx_train == 8192 and info.n_layer == 30 and info.kv_bytes_per_token == 2 * 30 * 3 * 64 * 2
+    assert resolve_n_ctx(None, info, mem_available=64 << 30) == 8192
+    assert resolve_n_ctx(None, info, mem_available=int(2 * 23040 * 1024)) == 1024  # 0.5 * mem / kv, 256s
+    assert resolve_n_ctx(0, info, mem_available=1) == 8192 and resolve_n_ctx(300, info) == 300
+
+
+def test_live_chat_without_v1_and_tokenize(live, reference):
+    c = openai.OpenAI(base_url=live.url, api_key="x", max_retries=0, timeout=300)
+    r = c.chat.completions.create(model="smol", messages=CHAT, max_tokens=8, temperature=0)
+    assert r.choices[0].message.content == reference(CHAT, 8)
+    toks = httpx.post(live.url + "/tokenize", json={"content": "Hello world"}, timeout=30).json()["tokens"]
+    assert httpx.post(live.url + "/detokenize", json={"tokens": toks}, timeout=30).json()["content"] == "Hello world"
+    p = httpx.get(live.url + "/props", timeout=30).json()
+    assert p["default_generation_settings"]["n_ctx"] == N_CTX and "{%" in p["chat_template"]
+
+
+def test_llama_server_compat_report_logic(tmp_path):
+    """benchmarks/llama_server_compat.py against our server on two ports: no difference; and its
+    comparison finds status and key differences and marks the documented ones."""
+    from benchmarks.llama_server_compat import CASES, compare, report_markdown, run
+
+    cases = [c for c in CASES if c.name in ("props", "tokenize", "completion", "chat-stream", "cors-preflight",
+                                            "chat-bad-type")]
+    a, _ = _fake(tmp_path)
+    b, _ = _fake(tmp_path)
+    with a, b:
+        assert run(a.url, b.url, cases=cases) == []
+    d = compare({"x": {"status": 200, "keys": {"a", "error.param"}}, "y": {"status": 400, "keys": set()}},
+                {"x": {"status": 200, "keys": {"a", "b"}}, "y": {"status": 200, "keys": set()}})
+    assert [(x["case"], x["what"], bool(x["documented"])) for x in d] == \
+        [("x", "b", False), ("x", "error.param", True), ("y", "status", False)]
+    assert "2 not documented" in report_markdown(d, 2)
