@@ -324,49 +324,61 @@ class DFlashDecoder:
         """Text of ``tokens`` (special tokens rendered only when ``special``)."""
         return bytes(self.engine.detokenize(list(tokens), special)).decode("utf-8", errors="replace")
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
-        """Render chat ``messages`` ({"role", "content"}) with the chat template of the target GGUF.
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        *,
+        tools: Optional[Sequence[Mapping[str, Any]]] = None,
+        documents: Optional[Sequence[Mapping[str, Any]]] = None,
+        chat_template: Optional[str] = None,
+        chat_template_kwargs: Optional[Mapping[str, Any]] = None,
+        jinja: bool = True,
+        **template_kwargs: Any,
+    ) -> str:
+        """Render chat ``messages`` with the target GGUF's own Jinja chat template, exactly as
+        ``transformers``' ``apply_chat_template(..., tokenize=False)`` renders it
+        (:class:`dflash2_gguf.chat.ChatRenderer`; ChatML for a GGUF without a template).
 
-        Uses libllama's ``llama_chat_apply_template`` (built-in template detection); falls back
-        to llama-cpp-python's Jinja2 formatter for templates libllama does not recognise.
+        Args:
+            messages: OpenAI-shaped messages: system / user / assistant / tool roles, content as
+                a string or a list of text parts, assistant ``tool_calls`` (arguments as a JSON
+                string or a dict), ``tool_call_id``.
+            add_generation_prompt: End with the assistant turn's opening.
+            tools: OpenAI tool specs, given to the template as ``tools``.
+            documents: RAG documents for templates that take them.
+            chat_template: A template text instead of the GGUF's (``--chat-template``).
+            chat_template_kwargs / **template_kwargs: Extra template variables (e.g.
+                ``enable_thinking=False``).
+            jinja: False renders with libllama's built-in template guess instead
+                (``llama_chat_apply_template``, llama-server's ``--no-jinja``).
+
+        Returns:
+            The prompt text (BOS included when the template writes it; :meth:`generate` with
+            ``messages`` drops it before tokenizing when the tokenizer adds BOS itself).
 
         Raises:
-            ValueError: the GGUF has no chat template, or it cannot be rendered.
+            dflash2_gguf.chat.ChatTemplateError (a ValueError): malformed messages, or the
+                template refused or failed to render them (the message names the template).
         """
-        tmpl = self.engine.chat_template()
-        if not tmpl:
-            raise ValueError(f"{self.target_path} has no tokenizer.chat_template")
-        import llama_cpp
+        from .chat import render_builtin, renderer_for
 
-        arr = (llama_cpp.llama_chat_message * len(messages))()
-        keep = []
-        for i, m in enumerate(messages):
-            role, content = m["role"].encode(), m["content"].encode()
-            keep += [role, content]
-            arr[i].role, arr[i].content = role, content
-        t = tmpl.encode()
-        size = 4096 + sum(len(x) for x in keep) * 2
-        buf = ctypes.create_string_buffer(size)
-        n = llama_cpp.llama_chat_apply_template(t, arr, len(messages), add_generation_prompt, buf, size)
-        if n > size:
-            buf = ctypes.create_string_buffer(n + 1)
-            n = llama_cpp.llama_chat_apply_template(t, arr, len(messages), add_generation_prompt, buf, n + 1)
-        if n >= 0:
-            return buf.raw[:n].decode("utf-8", errors="replace")
-        try:
-            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+        kw = {**(chat_template_kwargs or {}), **template_kwargs}
+        if not jinja:
+            return render_builtin(chat_template or self.engine.chat_template() or None, messages,
+                                  add_generation_prompt=add_generation_prompt)
+        return renderer_for(self, chat_template).render(messages, tools=tools, documents=documents,
+                                                        add_generation_prompt=add_generation_prompt, **kw)
 
-            fmt = Jinja2ChatFormatter(template=tmpl, eos_token="", bos_token="",
-                                      add_generation_prompt=add_generation_prompt)
-            return fmt(messages=list(messages)).prompt
-        except Exception as e:  # pragma: no cover - depends on the template
-            raise ValueError(f"cannot render the chat template of {self.target_path}: {e}") from e
-
-    def _prompt_ids(self, prompt: Optional[Prompt], messages: Optional[Sequence[Mapping[str, str]]]) -> list:
+    def _prompt_ids(self, prompt: Optional[Prompt], messages: Optional[Sequence[Mapping[str, Any]]]) -> list:
         if (prompt is None) == (messages is None):
             raise ValueError("give exactly one of prompt (str or token ids) and messages")
         if messages is not None:
-            return self.tokenize(self.apply_chat_template(messages), add_special=True, parse_special=True)
+            # the chat as llama-server feeds it: rendered, a template-written BOS dropped when the
+            # tokenizer adds one, special tokens parsed (dflash2_gguf.chat.chat_prompt_ids)
+            from .chat import chat_prompt_ids
+
+            return chat_prompt_ids(self, messages)
         if isinstance(prompt, str):
             return self.tokenize(prompt, add_special=True, parse_special=False)
         ids = [int(t) for t in prompt]

@@ -55,7 +55,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 __all__ = [
     "ChatRenderer", "ChatTemplateError", "CHATML_TEMPLATE", "normalize_messages", "renderer_for",
-    "chat_prompt_ids", "gguf_chat_info",
+    "chat_prompt_ids", "gguf_chat_info", "render_builtin",
 ]
 
 #: ChatML, what llama-server renders for a GGUF without a chat template (llama.cpp 0c1e570,
@@ -389,15 +389,27 @@ def _gguf_chat_info(path: str) -> dict:
 _BY_DECODER: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def renderer_for(decoder: Any) -> ChatRenderer:
+def renderer_for(decoder: Any, template: Optional[str] = None) -> ChatRenderer:
     """The :class:`ChatRenderer` of a :class:`~dflash2_gguf.DFlashDecoder`'s target (cached per
-    decoder).
+    decoder and template).
 
     Template and token ids come from the target GGUF (``gguf.GGUFReader``); bos/eos strings from
     the decoder's own detokenizer (``special=True``), as llama-server's ``common_token_to_piece``;
     whether the tokenizer adds BOS from ``decoder.tokenize("", add_special=True)``.
+
+    Args:
+        decoder: Anything with ``target_path``, ``tokenize(text, add_special, parse_special)`` and
+            ``detokenize(ids, special)``.
+        template: A template text to use instead of the GGUF's (llama-server's ``--chat-template``
+            / ``--chat-template-file``), with the same bos/eos strings.
+
+    Raises:
+        ChatTemplateError: the template does not compile.
     """
-    r = _BY_DECODER.get(decoder)
+    per = _BY_DECODER.get(decoder)
+    if per is None:
+        per = _BY_DECODER[decoder] = {}
+    r = per.get(template)
     if r is None:
         path = decoder.target_path
         info = _gguf_chat_info(path)
@@ -405,19 +417,59 @@ def renderer_for(decoder: Any) -> ChatRenderer:
         bos = detok(info["bos_id"]) if info["bos_id"] is not None else ""
         eos = detok(info["eos_id"]) if info["eos_id"] is not None else ""
         add_bos = bool(decoder.tokenize("", add_special=True, parse_special=False))
-        tmpl = info["chat_template"]
-        r = ChatRenderer(tmpl, bos, eos, tool_use_template=info["tool_use_template"], add_bos=add_bos,
-                         add_eos=info["add_eos"],
-                         source=f"tokenizer.chat_template of {path}" if tmpl else f"ChatML (no template in {path})")
-        _BY_DECODER[decoder] = r
+        if template is not None:
+            tmpl, tool_use, source = template, None, "the --chat-template template"
+        else:
+            tmpl, tool_use = info["chat_template"], info["tool_use_template"]
+            source = f"tokenizer.chat_template of {path}" if tmpl else f"ChatML (no template in {path})"
+        r = ChatRenderer(tmpl, bos, eos, tool_use_template=tool_use, add_bos=add_bos,
+                         add_eos=info["add_eos"], source=source)
+        per[template] = r
     return r
 
 
-def chat_prompt_ids(decoder: Any, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> list:
+def chat_prompt_ids(decoder: Any, messages: Sequence[Mapping[str, Any]], *, template: Optional[str] = None,
+                    **kwargs: Any) -> list:
     """Token ids of a chat for ``decoder``'s target, as llama-server feeds them: the rendered text
     (:meth:`ChatRenderer.prompt_text`) tokenized with ``add_special=True, parse_special=True``.
 
-    ``kwargs``: ``tools``, ``documents``, ``add_generation_prompt``, template variables.
+    ``template``: as in :func:`renderer_for`; ``kwargs``: ``tools``, ``documents``,
+    ``add_generation_prompt``, template variables.
     """
-    text = renderer_for(decoder).prompt_text(messages, **kwargs)
+    text = renderer_for(decoder, template).prompt_text(messages, **kwargs)
     return decoder.tokenize(text, add_special=True, parse_special=True)
+
+
+def render_builtin(template: Optional[str], messages: Sequence[Mapping[str, Any]], *,
+                   add_generation_prompt: bool = True) -> str:
+    """libllama's built-in template guess (``llama_chat_apply_template``; llama-server's
+    ``--no-jinja``): ``template`` is a template text libllama recognises by its markers, or a
+    built-in name (``"chatml"``, ``"llama3"``, ...); None -> ``"chatml"``. Only role and string
+    content are used (content parts flattened as in :func:`normalize_messages`).
+
+    Raises:
+        ChatTemplateError: libllama does not recognise the template, or a message has tool calls.
+    """
+    import ctypes
+
+    import llama_cpp
+
+    msgs = normalize_messages(messages)
+    if any(m.get("tool_calls") for m in msgs):
+        raise ChatTemplateError("the built-in (non-Jinja) template cannot render tool calls: use the Jinja template")
+    keep = [(str(m["role"]).encode(), (m.get("content") or "").encode()) for m in msgs]
+    arr = (llama_cpp.llama_chat_message * max(1, len(keep)))()
+    for i, (r, c) in enumerate(keep):
+        arr[i].role, arr[i].content = r, c
+    t = (template or "chatml").encode()
+    size = 4096 + 2 * sum(len(r) + len(c) for r, c in keep)
+    for _ in range(2):
+        buf = ctypes.create_string_buffer(size)
+        n = llama_cpp.llama_chat_apply_template(t, arr, len(keep), bool(add_generation_prompt), buf, size)
+        if n < 0:
+            raise ChatTemplateError("libllama's built-in chat templates do not recognise this template "
+                                    "(llama_chat_apply_template returned -1): use the Jinja template")
+        if n <= size:
+            return buf.raw[:n].decode("utf-8", errors="replace")
+        size = n + 1
+    raise ChatTemplateError("llama_chat_apply_template output did not fit")  # pragma: no cover
