@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from .chat import chat_prompt_ids
+
 __all__ = [
     "DATASETS", "DatasetSpec", "load_rows", "load_prompts", "format_turns", "committed_per_pass",
     "RequestResult", "summarize", "markdown_table", "plot_per_position", "run_bench", "add_bench_args",
@@ -458,7 +460,7 @@ def run_bench(
             for ti, turn in enumerate(turns):
                 messages.append({"role": "user", "content": turn})
                 text = dec.apply_chat_template(messages)
-                ids = dec.tokenize(text, add_special=True, parse_special=True)
+                ids = chat_prompt_ids(dec, messages)  # as generate(messages=...) and llama-server tokenize it
                 if len(ids) + max_new_tokens + block + 1 > n_ctx:
                     if bar is not None:
                         bar.update(len(turns) - ti)

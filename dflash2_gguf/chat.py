@@ -55,7 +55,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 __all__ = [
     "ChatRenderer", "ChatTemplateError", "CHATML_TEMPLATE", "normalize_messages", "renderer_for",
-    "chat_prompt_ids", "gguf_chat_info", "render_builtin",
+    "chat_prompt_ids", "gguf_chat_info", "render_builtin", "renderer_for_llama_model",
 ]
 
 #: ChatML, what llama-server renders for a GGUF without a chat template (llama.cpp 0c1e570,
@@ -426,6 +426,38 @@ def renderer_for(decoder: Any, template: Optional[str] = None) -> ChatRenderer:
                          add_eos=info["add_eos"], source=source)
         per[template] = r
     return r
+
+
+def renderer_for_llama_model(model: Any, source: str = "the target GGUF") -> ChatRenderer:
+    """The :class:`ChatRenderer` of a model loaded with llama-cpp-python's low-level API (a
+    ``llama_model_p``; training capture uses these): the template(s) from
+    ``llama_model_chat_template``, bos/eos from ``llama_vocab_bos/eos`` rendered with
+    ``llama_token_to_piece(special=True)``, ``llama_vocab_get_add_bos/eos`` -- the same calls
+    llama-server's ``common_chat_templates_init`` makes."""
+    import ctypes
+
+    import llama_cpp as L
+
+    vocab = L.llama_model_get_vocab(model)
+
+    def piece(tok: int) -> str:
+        if tok == L.LLAMA_TOKEN_NULL or tok < 0:
+            return ""
+        buf = ctypes.create_string_buffer(256)
+        n = L.llama_token_to_piece(vocab, tok, buf, len(buf), 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = L.llama_token_to_piece(vocab, tok, buf, len(buf), 0, True)
+        return buf.raw[:n].decode("utf-8", errors="replace")
+
+    tmpl = L.llama_model_chat_template(model, None)
+    tool_use = L.llama_model_chat_template(model, b"tool_use")
+    tmpl = tmpl.decode("utf-8") if tmpl else None
+    tool_use = tool_use.decode("utf-8") if tool_use else None
+    return ChatRenderer(tmpl, piece(L.llama_vocab_bos(vocab)), piece(L.llama_vocab_eos(vocab)),
+                        tool_use_template=tool_use, add_bos=bool(L.llama_vocab_get_add_bos(vocab)),
+                        add_eos=bool(L.llama_vocab_get_add_eos(vocab)),
+                        source=f"tokenizer.chat_template of {source}" if tmpl else f"ChatML (no template in {source})")
 
 
 def chat_prompt_ids(decoder: Any, messages: Sequence[Mapping[str, Any]], *, template: Optional[str] = None,

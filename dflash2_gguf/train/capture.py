@@ -126,23 +126,16 @@ class _LlamaTarget:
         return list(buf[:n])
 
     def chat_prompt(self, messages: Sequence[dict]) -> str:
-        """The model's own chat template (llama.cpp's built-in detection) + assistant prefix."""
-        L = self._L
-        tmpl = L.llama_model_chat_template(self.model, None)
-        if not tmpl:
-            raise ValueError("the target GGUF has no chat template")
-        keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
-        arr = (L.llama_chat_message * len(keep))(*[L.llama_chat_message(role=r, content=c) for r, c in keep])
-        size = 4 * sum(len(c) for _, c in keep) + 1024
-        for _ in range(2):
-            buf = ctypes.create_string_buffer(size)
-            n = L.llama_chat_apply_template(tmpl, arr, len(keep), True, buf, size)
-            if n < 0:
-                raise ValueError("llama_chat_apply_template failed")
-            if n <= size:
-                return buf.raw[:n].decode("utf-8", errors="replace")
-            size = n + 1
-        raise RuntimeError("chat template output did not fit")  # pragma: no cover
+        """The chat as text to tokenize (``tokenize`` adds BOS per the vocabulary): the GGUF's own
+        Jinja template rendered as transformers does, assistant prefix added, a template-written
+        BOS dropped when the vocabulary adds one -- :class:`dflash2_gguf.chat.ChatRenderer`, the
+        renderer the decoder, server and benchmark use."""
+        r = getattr(self, "_chat_renderer", None)
+        if r is None:
+            from ..chat import renderer_for_llama_model
+
+            r = self._chat_renderer = renderer_for_llama_model(self.model)
+        return r.prompt_text(list(messages), add_generation_prompt=True)
 
     def is_eog(self, token: int) -> bool:
         return bool(self._L.llama_vocab_is_eog(self.vocab, int(token)))
