@@ -26,7 +26,8 @@ Differences from ``transformers``, all on the way in (the template itself runs u
   (``pad_token``, ``unk_token``, ...) are not defined;
 - content given as a list of parts is flattened to one string: the ``text`` of its ``"text"`` parts
   joined with ``"\\n"`` (llama.cpp ``concat_content_parts``); other keys (``cache_control``) and
-  other part types are dropped;
+  other part types are dropped; null or missing content becomes ``""`` (llama.cpp's
+  ``common_chat_msg`` holds a string; transformers would hand the template None);
 - an assistant ``tool_calls[].function.arguments`` given as a JSON string (OpenAI's shape) is
   parsed into a dict, which is what transformers' templates expect (``arguments | tojson``) and
   what llama.cpp's ``func_args_not_string`` does;
@@ -49,13 +50,14 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import weakref
 from datetime import datetime
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Union
 
 __all__ = [
     "ChatRenderer", "ChatTemplateError", "CHATML_TEMPLATE", "normalize_messages", "renderer_for",
-    "chat_prompt_ids", "gguf_chat_info", "render_builtin", "renderer_for_llama_model",
+    "chat_prompt_ids", "render_builtin", "renderer_for_llama_model",
 ]
 
 #: ChatML, what llama-server renders for a GGUF without a chat template (llama.cpp 0c1e570,
@@ -169,8 +171,9 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list:
             messages ``tool_call_id`` / ``name``. Other keys pass through to the template.
 
     Returns:
-        A list of dicts: content parts joined with ``"\\n"`` (text parts only), ``developer`` ->
-        ``system``, tool-call ``arguments`` strings parsed into dicts.
+        A list of dicts: content parts joined with ``"\\n"`` (text parts only), null or missing
+        content -> ``""`` (as llama-server), ``developer`` -> ``system``, tool-call ``arguments``
+        strings parsed into dicts.
 
     Raises:
         ChatTemplateError: a message is not a dict, has no string ``role``, has content of a wrong
@@ -186,8 +189,8 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list:
         msg = copy.deepcopy(dict(m))
         if role == "developer":
             msg["role"] = "system"
-        if "content" in msg:
-            msg["content"] = _flatten_content(msg["content"], f"messages[{i}].content")
+        content = _flatten_content(msg.get("content"), f"messages[{i}].content")
+        msg["content"] = "" if content is None else content
         calls = msg.get("tool_calls")
         if calls:
             for j, call in enumerate(calls):
@@ -280,6 +283,8 @@ class ChatRenderer:
         from jinja2.exceptions import TemplateError
 
         msgs = normalize_messages(messages)
+        if not msgs:
+            raise ChatTemplateError("the conversation is empty: give at least one message", self.source)
         if documents is not None and any(not isinstance(d, Mapping) for d in documents):
             raise ChatTemplateError("documents must be a list of objects (e.g. {'title', 'text'})", self.source)
         variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, **template_kwargs}
@@ -315,73 +320,40 @@ class ChatRenderer:
     # ------------------------------------------------------------------ constructors
 
     @classmethod
-    def from_gguf(cls, path: str, detokenize: Optional[Callable[[int], str]] = None) -> "ChatRenderer":
-        """The renderer of a GGUF file, read with ``gguf.GGUFReader`` (no native code needed).
+    def from_gguf(cls, path: Union[str, "os.PathLike"]) -> "ChatRenderer":
+        """The renderer of a GGUF file (cached per path).
 
-        Args:
-            path: A GGUF with the tokenizer (target model, or a drafter carrying its target's).
-            detokenize: ``id -> text`` of a special token (e.g. ``lambda t: dec.detokenize([t],
-                special=True)``); default: the token's string in ``tokenizer.ggml.tokens``, which is
-                the text for control tokens such as ``<|im_start|>`` / ``<s>``.
+        The GGUF's vocabulary is loaded alone (``vocab_only``, under a second for a 150k-token
+        vocabulary; no weights) with llama-cpp-python's libllama, and read with the calls
+        llama-server's ``common_chat_templates_init`` makes (:func:`renderer_for_llama_model`).
+
+        Raises:
+            FileNotFoundError: no such file; ChatTemplateError: libllama cannot read it, or the
+                template does not compile.
         """
-        info = gguf_chat_info(path)
-        tok = detokenize or (lambda i: info["tokens"][i] if 0 <= i < len(info["tokens"]) else "")
-        bos = tok(info["bos_id"]) if info["bos_id"] is not None else ""
-        eos = tok(info["eos_id"]) if info["eos_id"] is not None else ""
-        return cls(info["chat_template"], bos, eos, tool_use_template=info["tool_use_template"],
-                   add_bos=info["add_bos"], add_eos=info["add_eos"],
-                   source=f"tokenizer.chat_template of {path}" if info["chat_template"] else f"ChatML (no template in {path})")
+        key = os.path.abspath(os.fspath(path))
+        hit = _BY_PATH.get(key)
+        if hit is not None:
+            return hit
+        if not os.path.isfile(key):
+            raise FileNotFoundError(f"no such GGUF file: {path}")
+        import llama_cpp as L
+
+        L.llama_backend_init()
+        params = L.llama_model_default_params()
+        params.vocab_only = True
+        model = L.llama_model_load_from_file(key.encode(), params)
+        if not model:
+            raise ChatTemplateError(f"libllama could not read the vocabulary of {path}", str(path))
+        try:
+            r = renderer_for_llama_model(model, str(path))
+        finally:
+            L.llama_model_free(model)
+        _BY_PATH[key] = r
+        return r
 
 
-def gguf_chat_info(path: str) -> dict:
-    """Chat-related metadata of a GGUF: ``chat_template``, ``tool_use_template`` (str or None),
-    ``bos_id`` / ``eos_id`` (int or None), ``add_bos`` / ``add_eos`` (bool: the GGUF's
-    ``tokenizer.ggml.add_{bos,eos}_token``, else llama.cpp's per-vocabulary default), and
-    ``tokens`` (the vocabulary strings). Read once per path (cached)."""
-    return dict(_gguf_chat_info(str(path)))
-
-
-_INFO_CACHE: dict = {}
-
-
-def _gguf_chat_info(path: str) -> dict:
-    hit = _INFO_CACHE.get(path)
-    if hit is not None:
-        return hit
-    from gguf import GGUFReader
-
-    r = GGUFReader(path)
-
-    def val(key: str):
-        f = r.fields.get(key)
-        if f is None:
-            return None
-        return f.contents()
-
-    info = {
-        "chat_template": val("tokenizer.chat_template"),
-        "tool_use_template": val("tokenizer.chat_template.tool_use"),
-        "bos_id": val("tokenizer.ggml.bos_token_id"),
-        "eos_id": val("tokenizer.ggml.eos_token_id"),
-        "add_bos": val("tokenizer.ggml.add_bos_token"),
-        "add_eos": val("tokenizer.ggml.add_eos_token"),
-        "tokens": val("tokenizer.ggml.tokens") or [],
-    }
-    model = val("tokenizer.ggml.model")
-    # Absent keys: llama.cpp's per-vocabulary defaults (src/llama-vocab.cpp, 0c1e570): SPM
-    # ("llama") and WPM ("bert") add BOS, UGM ("t5") adds EOS. Its per-pre-tokenizer defaults
-    # (llama3, tekken, ...) are not reproduced: renderer_for(decoder) asks libllama instead.
-    if info["add_bos"] is None:
-        info["add_bos"] = model in ("llama", "bert")
-    if info["add_eos"] is None:
-        info["add_eos"] = model == "t5"
-    info["add_bos"] = bool(info["add_bos"])
-    info["add_eos"] = bool(info["add_eos"])
-    for k in ("bos_id", "eos_id"):
-        if info[k] is not None:
-            info[k] = int(info[k])
-    _INFO_CACHE[path] = info
-    return info
+_BY_PATH: dict = {}
 
 
 # ----------------------------------------------------------------------------- decoder glue
@@ -393,13 +365,11 @@ def renderer_for(decoder: Any, template: Optional[str] = None) -> ChatRenderer:
     """The :class:`ChatRenderer` of a :class:`~dflash2_gguf.DFlashDecoder`'s target (cached per
     decoder and template).
 
-    Template and token ids come from the target GGUF (``gguf.GGUFReader``); bos/eos strings from
-    the decoder's own detokenizer (``special=True``), as llama-server's ``common_token_to_piece``;
-    whether the tokenizer adds BOS from ``decoder.tokenize("", add_special=True)``.
+    Template, bos/eos strings and the tokenizer's add-BOS/EOS flags: :meth:`ChatRenderer.from_gguf`
+    of the target GGUF.
 
     Args:
-        decoder: Anything with ``target_path``, ``tokenize(text, add_special, parse_special)`` and
-            ``detokenize(ids, special)``.
+        decoder: Anything with ``target_path`` (and ``tokenize`` for :func:`chat_prompt_ids`).
         template: A template text to use instead of the GGUF's (llama-server's ``--chat-template``
             / ``--chat-template-file``), with the same bos/eos strings.
 
@@ -411,19 +381,12 @@ def renderer_for(decoder: Any, template: Optional[str] = None) -> ChatRenderer:
         per = _BY_DECODER[decoder] = {}
     r = per.get(template)
     if r is None:
-        path = decoder.target_path
-        info = _gguf_chat_info(path)
-        detok = lambda t: decoder.detokenize([t], special=True)  # noqa: E731
-        bos = detok(info["bos_id"]) if info["bos_id"] is not None else ""
-        eos = detok(info["eos_id"]) if info["eos_id"] is not None else ""
-        add_bos = bool(decoder.tokenize("", add_special=True, parse_special=False))
-        if template is not None:
-            tmpl, tool_use, source = template, None, "the --chat-template template"
+        base = ChatRenderer.from_gguf(decoder.target_path)
+        if template is None:
+            r = base
         else:
-            tmpl, tool_use = info["chat_template"], info["tool_use_template"]
-            source = f"tokenizer.chat_template of {path}" if tmpl else f"ChatML (no template in {path})"
-        r = ChatRenderer(tmpl, bos, eos, tool_use_template=tool_use, add_bos=add_bos,
-                         add_eos=info["add_eos"], source=source)
+            r = ChatRenderer(template, base.bos_token, base.eos_token, add_bos=base.add_bos,
+                             add_eos=base.add_eos, source="the --chat-template template")
         per[template] = r
     return r
 

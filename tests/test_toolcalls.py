@@ -240,11 +240,12 @@ def test_detect_tool_format():
 
 
 def test_real_templates(qwen25_05b_gguf, smollm2_gguf):
-    from dflash2_gguf.chat import gguf_chat_info
+    from dflash2_gguf.chat import ChatRenderer
 
-    assert detect_tool_format(gguf_chat_info(qwen25_05b_gguf)["chat_template"]) == "hermes"
-    with pytest.raises(UnsupportedToolFormatError, match="smollm"):
-        detect_tool_format(gguf_chat_info(smollm2_gguf)["chat_template"], f"tokenizer.chat_template of {smollm2_gguf}")
+    assert detect_tool_format(ChatRenderer.from_gguf(qwen25_05b_gguf).template) == "hermes"
+    smol = ChatRenderer.from_gguf(smollm2_gguf)
+    with pytest.raises(UnsupportedToolFormatError, match="SmolLM2.*does not render tools"):
+        detect_tool_format(smol.template, smol.source)
 
 
 def test_parser_rejects_unknown_format_and_feed_after_finish():
