@@ -598,6 +598,13 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
                                                    "invalid_api_key"))
             return await call_next(request)
 
+    @app.middleware("http")
+    async def _options(request: Request, call_next):
+        """Any OPTIONS that is not a CORS preflight: an empty 200, as llama-server answers."""
+        if request.method == "OPTIONS":
+            return Response(status_code=200)
+        return await call_next(request)
+
     # CORS outermost: preflights are answered before auth, errors carry the CORS headers too.
     origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
     cors: dict = dict(allow_methods=[m.strip() for m in settings.cors_methods.split(",") if m.strip()],
@@ -610,11 +617,6 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
     else:
         cors["allow_origins"] = origins
     app.add_middleware(CORSMiddleware, **cors)
-
-    @app.options("/{rest:path}")
-    async def _options(rest: str):
-        """Any OPTIONS that is not a CORS preflight: an empty 200, as llama-server answers."""
-        return Response(status_code=200)
 
     # ------------------------------------------------------------------ info
 
