@@ -3,7 +3,9 @@
 Formats (chosen by :func:`detect_tool_format` from markers in the template text):
 
 - ``"hermes"``: Hermes / Qwen2.5 / Qwen3 (and Qwen2.5-Coder): each call is
-  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, anywhere in the output, any number.
+  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, anywhere in the output, any number;
+  the output may also *open* with bare call objects (no marker), which small Qwen2.5 models write
+  and llama.cpp's Hermes parser accepts.
 - ``"llama3_json"``: Llama 3.1 / 3.2 / 3.3: the output *starts* with ``{"name": ...,
   "parameters": {...}}`` (``"type": "function"`` may come first; ``"arguments"`` is accepted for
   ``"parameters"``; several calls may follow, separated by ``;`` or whitespace; an optional
@@ -31,9 +33,14 @@ parser *is* the streaming parser fed the whole text):
 - a call's header is sent once its JSON prefix is valid and its ``"name"`` string is complete;
   argument fragments cover completed values only (strings, numbers and literals still being written
   are held), so no fragment is ever taken back;
+- a bare object (no marker) is a call only if its keys before ``"name"`` are at most ``"type"``
+  and, when ``tool_names`` is given, the name is one of them; otherwise it is content once it
+  completes (it is held until then);
 - JSON that is malformed from the start (no complete name before the first error) is left as
-  content, verbatim, markers included; JSON that breaks after a complete name (or is cut by the end
-  of generation) is closed as a call with the arguments completed up to the break.
+  content, verbatim, markers included (the text after the error is read again, so a later call is
+  still found); JSON that breaks after a complete name (or is cut by the end of generation) is
+  closed as a call with the arguments completed up to the break (for a bare call, the rest of the
+  output is then dropped: there is no end marker to resume at).
 
 Partial JSON is read with the maintained ``partial-json-parser`` package (PyPI
 ``partial-json-parser``, MIT, used by vLLM's tool parsers for the same purpose): it parses a JSON
@@ -138,13 +145,15 @@ def _partial(s: str):
 
 
 def _longest_valid_prefix(s: str):
-    """The partial parse of the longest prefix of ``s`` that is valid partial JSON (None if none)."""
+    """``(k, obj)``: the longest prefix ``s[:k]`` that is valid partial JSON and its parse
+    (``(0, None)`` if none). Validity is prefix-closed, so ``k`` does not depend on how much of a
+    malformed text has arrived once the error is in it."""
     for k in range(len(s) - 1, 0, -1):
         try:
-            return _partial(s[:k])
+            return k, _partial(s[:k])
         except ValueError:
             continue
-    return None
+    return 0, None
 
 
 def _args_of(obj: dict):
@@ -172,27 +181,30 @@ def _args_stable_prefix(obj: dict) -> str:
 
 
 def _inspect(body: str):
-    """Classify a call body: ("empty"|"bad"|"complete"|"partial"|"broken", obj, rest).
+    """Classify a call body: ``(kind, obj, k)``.
 
-    ``complete``: a whole JSON object was read (``rest`` = the text after it); ``partial``: a valid
-    prefix (``obj`` its completed part); ``broken``: malformed (``obj`` = the longest valid prefix's
-    partial parse, or None); ``bad``: not an object."""
+    ``kind``: ``empty`` (blanks only), ``bad`` (does not start with ``{``), ``complete`` (a whole
+    JSON object; ``k`` = where it ends in ``body``), ``partial`` (a valid prefix; ``obj`` = its
+    completed part), ``broken`` (malformed; ``obj`` = the partial parse of the longest valid
+    prefix, which ends at ``k``). For ``empty`` / ``partial`` ``k`` is ``len(body)``, for ``bad``
+    the first non-blank position. ``k`` is where the text stops being the call's JSON: a decision
+    that no later text can change, which keeps streaming equal to the batch parse."""
     s = body.lstrip()
+    lead = len(body) - len(s)
     if not s:
-        return "empty", None, ""
+        return "empty", None, len(body)
     if s[0] != "{":
-        return "bad", None, ""
+        return "bad", None, lead
     try:
         obj, end = json.JSONDecoder().raw_decode(s)
-        return ("complete", obj, s[end:]) if isinstance(obj, dict) else ("bad", None, "")
+        return "complete", obj, lead + end
     except ValueError:
         pass
     try:
-        obj = _partial(s)
-        return ("partial", obj, "") if isinstance(obj, dict) else ("bad", None, "")
+        return "partial", _partial(s), len(body)
     except ValueError:
-        obj = _longest_valid_prefix(s)
-        return "broken", (obj if isinstance(obj, dict) else None), ""
+        k, obj = _longest_valid_prefix(s)
+        return "broken", (obj if isinstance(obj, dict) else None), lead + k
 
 
 # ----------------------------------------------------------------------------- parser
@@ -212,8 +224,9 @@ class ToolCallParser:
 
     Args:
         fmt: ``"hermes"`` or ``"llama3_json"`` (:func:`detect_tool_format`).
-        tool_names: The request's tool names. For ``llama3_json`` (whose calls are bare JSON) an
-            object whose name is not among them is content, not a call; ignored for ``hermes``.
+        tool_names: The request's tool names: a bare JSON object (no ``<tool_call>`` marker) whose
+            name is not among them is content, not a call. Pass them: it keeps a JSON answer
+            that happens to have a ``"name"`` key from becoming a call.
         id_factory: Makes call ids (default :func:`new_call_id`).
 
     Use::
@@ -239,13 +252,13 @@ class ToolCallParser:
         self._new_id = id_factory or new_call_id
         self.tool_calls: List[dict] = []
         self._content: List[str] = []
-        self._state = "start" if fmt == "llama3_json" else "content"
+        self._state = "start"   # a bare JSON call may open the output (both formats)
+        self._bare = False      # the open call is a bare JSON object (no <tool_call> marker)
         self._pending = ""      # undecided text (content state: a possible marker prefix)
         self._raw = ""          # raw text of the current call (markers included), for a fall back
         self._body = ""         # JSON text of the current call
         self._ws = ""           # trailing whitespace of content, held until we know what follows
         self._after_call = False
-        self._raw_tail = ""     # the </tool_call> of a call that turned out not to be one
         self._cur: Optional[dict] = None   # the call being streamed: {"index","id","name","sent"}
         self._out: List[dict] = []
         self._done = False
@@ -328,9 +341,9 @@ class ToolCallParser:
                     break
                 self._pending = s
                 if s[0] == "{":
-                    self._begin_call(raw_prefix="")
+                    self._begin_call(raw_prefix="", bare=True)
                 else:
-                    self._state = "content_only"
+                    self._state = self._text_state
             elif self._state == "drop":  # llama3: after a broken call
                 self._pending = ""
                 break
@@ -350,7 +363,7 @@ class ToolCallParser:
         if i >= 0:
             self._emit_content(p[:i])
             self._pending = p[i + len(_OPEN):]
-            self._begin_call(raw_prefix=_OPEN)
+            self._begin_call(raw_prefix=_OPEN, bare=False)
             return True
         keep = 0 if final else _marker_hold(p, _OPEN)
         self._emit_content(p[: len(p) - keep], final=final)
@@ -358,40 +371,47 @@ class ToolCallParser:
         return False
 
     def _step_start(self, final: bool) -> bool:
-        """llama3_json: decide from the first non-blank text whether the output is calls."""
+        """Decide from the first non-blank text whether the output opens with a bare JSON call
+        (llama3_json's only form; Qwen2.5 models also answer so, without <tool_call>)."""
         s = self._pending.lstrip()
-        if s.startswith(_PYTHON_TAG):
-            s = s[len(_PYTHON_TAG):].lstrip()
-        elif s and _PYTHON_TAG.startswith(s) and not final:
-            return False  # maybe the tag, still arriving
+        if self.fmt == "llama3_json":
+            if s.startswith(_PYTHON_TAG):
+                s = s[len(_PYTHON_TAG):].lstrip()
+            elif s and _PYTHON_TAG.startswith(s) and not final:
+                return False  # maybe the tag, still arriving
         if not s:
             if final:
-                self._state = "content_only"
+                self._state = self._text_state
                 return True
             return False
         if s[0] == "{":
             lead = self._pending[: len(self._pending) - len(s)]  # blanks / tag: dropped for a call
             self._pending = s
-            self._begin_call(raw_prefix=lead)
+            self._begin_call(raw_prefix=lead, bare=True)
         else:
-            self._state = "content_only"
+            self._state = self._text_state
         return True
 
-    def _begin_call(self, raw_prefix: str) -> None:
+    @property
+    def _text_state(self) -> str:
+        """Where plain text goes: hermes keeps scanning for <tool_call>; llama3 calls only open the output."""
+        return "content" if self.fmt == "hermes" else "content_only"
+
+    def _begin_call(self, raw_prefix: str, bare: bool) -> None:
         self._state = "call"
+        self._bare = bare
         self._raw = raw_prefix
         self._body = ""
 
     def _step_call(self, final: bool) -> bool:
         """Advance the open call with the pending text. Returns True to keep running."""
-        closed = False
-        if self.fmt == "hermes":
+        tail = ""  # the </tool_call> that ended a tagged body in this step
+        if not self._bare:
             i = self._pending.find(_CLOSE)
             if i >= 0:
                 self._body += self._pending[:i]
-                self._raw_tail = self._pending[i: i + len(_CLOSE)]
+                tail = _CLOSE
                 self._pending = self._pending[i + len(_CLOSE):]
-                closed = True
             else:
                 keep = 0 if final else _marker_hold(self._pending, _CLOSE)
                 self._body += self._pending[: len(self._pending) - keep]
@@ -399,44 +419,42 @@ class ToolCallParser:
         else:
             self._body += self._pending
             self._pending = ""
-        end = closed or final
-        kind, obj, rest = _inspect(self._body)
+        end = bool(tail) or final
+        kind, obj, k = _inspect(self._body)
         if kind == "complete":
             if not self._is_call(obj):
-                return self._fallback()
+                return self._fallback(k, tail)
             self._finish_call(obj)
-            if self.fmt == "hermes":
-                # text after the object up to </tool_call> is ignored
+            if self._bare:  # what followed the object goes back to the pending text
+                self._pending = self._body[k:] + self._pending
+                self._state = "between"
+            else:  # text after the object up to </tool_call> is ignored
                 self._state = "content" if end else "skip"
-                return True
-            # llama3: what followed the object goes back to the pending text
-            self._pending = rest + self._pending
-            self._state = "between"
+            self._body = ""
             return True
+        if kind == "bad" or (kind == "empty" and end):
+            return self._fallback(k, tail)
         if kind == "empty":
-            return self._fallback() if end else False
-        if kind == "bad":
-            return self._fallback()
+            return False
         if kind == "partial" and not end:
-            if self._rejected(obj):
-                return self._fallback()
             if self._is_call(obj):
                 self._stream_partial(obj)
-            return False
-        # broken, or partial at the end of the call / stream: the completed part decides
+            return False  # not (yet) a call: decided when the object completes or breaks
+        # broken, or partial at the end of the body / stream: the completed part decides
         if obj is not None and self._is_call(obj):
             self._finish_call(obj)
-            if self.fmt == "hermes":
+            self._body = ""
+            if not self._bare:
                 self._state = "content" if end else "skip"
-            else:  # llama3: no end marker to resynchronise on; the rest of the output is dropped
+            else:  # a bare call has no end marker to resynchronise on: the rest is dropped
                 self._pending = ""
                 self._state = "drop"
             return True
-        return self._fallback()
+        return self._fallback(k, tail)
 
     def _rejected(self, obj: dict) -> bool:
-        """llama3_json: an object whose keys before ``name`` are not just ``type`` is not a call."""
-        if self.fmt != "llama3_json":
+        """A bare object whose keys before ``name`` are not just ``type`` is not a call."""
+        if not self._bare:
             return False
         for k in obj:
             if k == "name":
@@ -451,7 +469,7 @@ class ToolCallParser:
         name = obj.get("name")
         if not isinstance(name, str):
             return False
-        if self.fmt == "llama3_json":
+        if self._bare:
             if self._rejected(obj):
                 return False
             if self.tool_names is not None and name not in self.tool_names:
@@ -485,15 +503,17 @@ class ToolCallParser:
         self._cur = None
         self._after_call = True
 
-    def _fallback(self) -> bool:
-        """The open call is not a call: its raw text (markers included) becomes content."""
+    def _fallback(self, k: int, tail: str) -> bool:
+        """The open call is not a call: its opening (marker or blanks) and the first ``k``
+        characters of its body become content; the rest (and the ``tail`` marker) is read again as
+        text."""
         if self._cur is not None:  # pragma: no cover - a streamed header always ends as a call
             raise AssertionError("a call whose header was sent fell back to content")
-        raw = self._raw + self._body + self._raw_tail
-        self._raw_tail = ""
+        text = self._raw + self._body[:k]
+        self._pending = self._body[k:] + tail + self._pending
         self._raw, self._body = "", ""
-        self._state = "content" if self.fmt == "hermes" else "content_only"
-        self._emit_content(raw)
+        self._state = self._text_state
+        self._emit_content(text)
         return True
 
 

@@ -100,6 +100,21 @@ def test_hermes_qwen_shapes():
     assert parse_tool_calls(text, "hermes").tool_calls == []
 
 
+def test_hermes_bare_json_call_at_the_start():
+    """Qwen2.5(-Coder) models often answer a tool prompt with the bare JSON object, no <tool_call>
+    (llama.cpp's Hermes parser accepts that too)."""
+    t = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    r = parse_tool_calls(t, "hermes", id_factory=_ids())
+    assert (r.content, r.tool_calls) == (None, [_call(0, "get_weather", '{"city": "Paris"}')])
+    t2 = '\n{"name": "a", "arguments": {}}\n{"name": "b", "arguments": {"x": 1}}\nDone <tool_call>{"name": "c"}</tool_call>'
+    r = parse_tool_calls(t2, "hermes", id_factory=_ids())
+    assert r.tool_calls == [_call(0, "a", "{}"), _call(1, "b", '{"x": 1}'), _call(2, "c", "{}")] and r.content == "Done"
+    # JSON that is not a call (another first key, or a name that is not a tool) stays content
+    for text in ('{"answer": 4, "name": "x"}', '  {"name": "Bob", "age": 3} is the record'):
+        assert parse_tool_calls(text, "hermes", tool_names=["get_weather"]).content == text
+    assert parse_tool_calls(t, "hermes", tool_names=["get_weather"]).tool_calls[0]["function"]["name"] == "get_weather"
+
+
 @pytest.mark.parametrize("text", [
     "<tool_call>not json</tool_call> after",
     "Hi <tool_call>\n{name: 'f'}\n</tool_call>",
@@ -159,6 +174,11 @@ CASES = [(HERMES, "hermes")] + [
         '<tool_call>{"name": "f", "arguments": {"a": 1, "b": "x",,}}</tool_call> ok <tool_call>{"name": "g"',
         "plain text with < and <tool and </tool_call> in it",
         '<tool_call>{"arguments": {"a": {"b": [1, 2, 3]}}, "name": "late"}</tool_call>',
+        '\n{"name": "a", "arguments": {}}\n{"name": "b", "arguments": {"x": 1}}\nDone <tool_call>{"name": "c"}</tool_call>',
+        '{"answer": 4, "name": "x"} then <tool_call>{"name": "d", "arguments": {"e": "f"}}</tool_call>',
+        '<tool_call>x <tool_call>{"name": "f"}</tool_call><tool_call>  </tool_call>',
+        '{"answer": "a <tool_call> b"} <tool_call>{"name": "g", "arguments": {"h": [1, {"i": "<tool_call>"}]}}</tool_call>',
+        '<tool_call>{"a": 1,, "name": "x"} <tool_call>{"name": "y"}</tool_call>',
     )
 ] + [(t, "llama3_json") for t, _, _ in LLAMA3]
 
@@ -255,3 +275,22 @@ def test_parser_rejects_unknown_format_and_feed_after_finish():
     p.finish()
     with pytest.raises(RuntimeError):
         p.feed("x")
+
+
+@pytest.mark.slow
+def test_real_qwen25_coder_tool_call(native_ext, qwen25_05b_gguf):
+    """The real Qwen2.5-Coder-0.5B target, T = 0, a prompt that needs a function: the format comes
+    from its template and its answer parses into the call with JSON arguments."""
+    from dflash2_gguf import DFlashDecoder
+    from dflash2_gguf.chat import chat_prompt_ids, renderer_for
+
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    msgs = [{"role": "user", "content": "What's the weather in Paris right now?"}]
+    with DFlashDecoder(qwen25_05b_gguf, None, n_ctx=1024, n_threads=2) as dec:
+        fmt = detect_tool_format(renderer_for(dec).template_for(tools))
+        res = dec.generate(chat_prompt_ids(dec, msgs, tools=tools), max_tokens=48, temperature=0)
+    assert fmt == "hermes"
+    r = parse_tool_calls(res.text, fmt, tool_names=["get_weather"], id_factory=_ids())
+    assert r.tool_calls == [_call(0, "get_weather", '{"city": "Paris"}')], res.text
