@@ -22,24 +22,53 @@ parameters as the target.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["SamplingParams", "processed_probs", "rejection_step", "residual"]
+__all__ = ["SamplingParams", "apply_penalties", "processed_probs", "rejection_step", "residual"]
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Sampling parameters, named and defaulted as in llama-cpp-python's ``create_completion``.
+    """Every sampling option of a generation, with its default; the one type that flows from the
+    API, CLI and server to the native driver (``native/sampling.h``, ``SamplingOptions``: the same
+    field names, listed once in ``DFLASH2_SAMPLING_FIELDS``). Adding an option: a field here, a
+    line there, and its use in ``native/sampling.cpp``.
+
+    Defaults are llama-cpp-python's ``create_completion`` ones (llama-server's where it has no
+    such option). The processed distribution applies, in llama.cpp's order
+    (``common/sampling.cpp``): ``logit_bias`` -> repetition penalties -> ``grammar`` mask ->
+    ``top_k`` -> ``top_p`` -> ``min_p`` -> ``temperature``.
 
     Attributes:
-        temperature: Softmax temperature; ``0`` means greedy decoding (argmax).
+        temperature: Softmax temperature; ``0`` means greedy decoding (argmax of the processed
+            logits: bias, penalties and grammar still apply).
         top_k: Keep the ``top_k`` most likely tokens; ``0`` disables.
         top_p: Nucleus sampling mass in ``(0, 1]``; ``1`` disables.
         min_p: Keep tokens with probability >= ``min_p`` times the top one; ``0`` disables.
         seed: Seed of the driver's RNG (xoshiro256**); ``None`` picks a random one per call.
+        repeat_penalty: llama.cpp's ``--repeat-penalty`` (``1`` = off): a logit of a token in the
+            window is divided by it when positive, multiplied when negative.
+        repeat_last_n: The penalty window in tokens (``0`` = off, ``-1`` = the context size);
+            llama.cpp's ``--repeat-last-n``.
+        presence_penalty: Subtracted once from the logit of every token in the window (OpenAI
+            ``presence_penalty``, llama.cpp ``--presence-penalty``).
+        frequency_penalty: Subtracted per occurrence in the window (``--frequency-penalty``).
+        penalize_prompt: Whether prompt tokens enter the penalty window. ``True`` is
+            llama-server's behaviour (it feeds the prompt to its sampler); ``False`` is
+            llama-cpp-python's ``Llama.create_completion`` (only generated tokens count).
+        logit_bias: ``{token id: bias}`` added to the raw logits; ``-inf`` bans a token.
+        grammar: A GBNF grammar (root rule ``root``, llama.cpp ``grammars/README.md``) the output
+            must follow; see :func:`dflash2_gguf.grammar.json_schema_to_grammar` for JSON schemas.
+        n_probs: ``> 0``: report, for each generated token, its log-probability and the
+            ``n_probs`` most likely tokens under the distribution after bias, penalties and
+            grammar, before truncation and temperature (what llama-server's ``n_probs`` reports
+            by default).
     """
 
     temperature: float = 0.8
@@ -47,6 +76,14 @@ class SamplingParams:
     top_p: float = 0.95
     min_p: float = 0.05
     seed: Optional[int] = None
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalize_prompt: bool = True
+    logit_bias: Optional[Mapping[int, float]] = None
+    grammar: Optional[str] = None
+    n_probs: int = 0
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0):
@@ -59,6 +96,20 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.seed is not None and not (0 <= int(self.seed) < 2**64):
             raise ValueError("seed must be in [0, 2**64)")
+        if not (self.repeat_penalty >= 0 and math.isfinite(self.repeat_penalty)):
+            raise ValueError(f"repeat_penalty must be a finite number >= 0, got {self.repeat_penalty}")
+        if self.repeat_last_n < -1:
+            raise ValueError(f"repeat_last_n must be >= -1 (-1 = context size, 0 = off), got {self.repeat_last_n}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be finite")
+        for tok, bias in (self.logit_bias or {}).items():
+            if int(tok) < 0:
+                raise ValueError(f"logit_bias token id must be >= 0, got {tok}")
+            if math.isnan(float(bias)) or float(bias) == math.inf:
+                raise ValueError(f"logit_bias of token {tok} must be a number < +inf (-inf bans it), got {bias}")
+        if self.n_probs < 0:
+            raise ValueError(f"n_probs must be >= 0, got {self.n_probs}")
 
     @property
     def greedy(self) -> bool:
@@ -70,13 +121,68 @@ class SamplingParams:
         """Greedy decoding (``temperature = 0``, every filter off)."""
         return cls(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0)
 
+    def to_native(self, options_type: Any) -> Any:
+        """The native ``SamplingOptions`` with every field set (``seed=None`` drawn here).
 
-def processed_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """The distribution the driver samples from, for one row of logits.
+        Raises:
+            TypeError: the native type lacks a field of this class (extension out of date:
+                rebuild it with ``pip install --no-build-isolation -e .``).
+        """
+        o = options_type()
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name == "seed" and v is None:
+                v = int.from_bytes(os.urandom(8), "little")
+            elif f.name == "logit_bias":
+                v = [(int(t), float(b)) for t, b in (v or {}).items()]
+            elif f.name == "grammar":
+                v = v or ""
+            if not hasattr(o, f.name):
+                raise TypeError(f"the native extension has no sampling option {f.name!r}: rebuild it "
+                                "(pip install --no-build-isolation -e .)")
+            setattr(o, f.name, v)
+        return o
+
+
+def apply_penalties(logits: np.ndarray, params: SamplingParams, history: Sequence[int] = ()) -> np.ndarray:
+    """Logit bias and repetition penalties, as the driver applies them before truncation.
+
+    Args:
+        logits: ``[n_vocab]`` raw logits.
+        params: Sampling parameters (``logit_bias``, ``repeat_penalty``, ``repeat_last_n``,
+            ``presence_penalty``, ``frequency_penalty``).
+        history: The tokens before this position that the window sees (the prompt first when
+            ``params.penalize_prompt``, then the generated tokens); only the last
+            ``repeat_last_n`` count (all of them when ``-1``).
+
+    Returns:
+        ``[n_vocab]`` float32 logits. The penalty formula is llama.cpp's
+        (``src/llama-sampler.cpp``, ``llama_sampler_penalties_apply`` at 0c1e570).
+    """
+    x = np.array(logits, dtype=np.float32)
+    for tok, bias in (params.logit_bias or {}).items():
+        x[int(tok)] += np.float32(bias)
+    rp, fp, pp, last_n = params.repeat_penalty, params.frequency_penalty, params.presence_penalty, params.repeat_last_n
+    on = last_n != 0 and ((rp not in (0.0, 1.0)) or pp != 0.0 or fp != 0.0)
+    if on and len(history):
+        window = list(history) if last_n < 0 else list(history)[-last_n:]
+        tok, cnt = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
+        for t, c in zip(tok, cnt):
+            v = x[t]
+            if rp != 0.0:
+                v = v * np.float32(rp) if v <= 0 else v / np.float32(rp)
+            x[t] = np.float32(v) - (np.float32(c) * np.float32(fp) + np.float32(pp))
+    return x
+
+
+def processed_probs(logits: np.ndarray, params: SamplingParams, history: Sequence[int] = ()) -> np.ndarray:
+    """The distribution the driver samples from, for one row of logits (no grammar).
 
     Args:
         logits: ``[n_vocab]`` float array (raw target logits).
         params: Sampling parameters with ``temperature > 0``.
+        history: Tokens the penalty window sees before this position (see
+            :func:`apply_penalties`); ignored without penalties.
 
     Returns:
         ``[n_vocab]`` float64 probabilities summing to 1; removed tokens are exactly 0.
@@ -84,10 +190,10 @@ def processed_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """
     if params.temperature <= 0:
         raise ValueError("processed_probs needs temperature > 0 (temperature 0 is argmax)")
-    x = np.asarray(logits, dtype=np.float64)
+    x = apply_penalties(logits, params, history).astype(np.float64)
     n = x.shape[-1]
     order = np.lexsort((np.arange(n), -x))  # descending logit, ascending id on ties
-    keep = order
+    keep = order[x[order] > -np.inf]  # banned by logit_bias
     if 0 < params.top_k < n:
         keep = keep[: params.top_k]
     if params.top_p < 1.0:

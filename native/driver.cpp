@@ -1,33 +1,38 @@
-// The DFlash / DFlash 2 speculative decoding driver on libllama.
+// The DFlash / DFlash 2 speculative decoding loop on libllama.
 //
-// The loop (shape of mlx-lm's speculative_generate_step, mechanics of llama.cpp 0c1e570's
-// common/speculative.cpp `draft-dflash`, acceptance of dflash 0.1.0's `_rejection_sample`):
+// The units (upstream's common/speculative.cpp keeps the same split: a draft strategy apart from
+// the verify loop and the sampler):
+//   pairing.cpp       drafter/target validation before any drafter context exists
+//   capture.cpp       the target features the drafter is conditioned on (layer_inp or cb_eval)
+//   drafter.cpp       a block pass -> drafts, candidates and the exact q each draft was drawn from
+//   sampling.cpp      the target's processed distribution (bias, penalties, grammar, truncation)
+//   acceptance.cpp    the rejection rule, given the processed distribution of each verify row
+//   prompt_cache.cpp  saved prefixes in RAM beyond the live one
+//   driver.cpp        this loop, shaped like mlx-lm's speculative_generate_step:
 //
-//   begin:  prefill the target with the prompt while capturing the drafter's target features
-//           (layer inputs lid = HF id + 1, or l_out-{lid-1} through cb_eval); inject them into the
-//           drafter cache at their positions; sample the first token from the target.
+//   begin:  reuse the longest common prefix of the prompt with the cached tokens (the drafter's
+//           valid prefix is tracked on its own: features are injected only up to the last cycle
+//           that continued), remove everything after it from both caches, prefill the rest while
+//           capturing features, inject them, and take the first token from the target.
 //   step:   anchor = last committed token (not yet in the target cache), at position P.
-//           1. draft the FULL trained block [anchor, mask x (bs-1)] at P..P+bs-1 (non-causal
-//              unless the GGUF says causal), read drafts (v1: logits rows 1..; v2: walk the
-//              selector lattice), truncate to n_max / p_min / budget, drop the block's K/V.
-//           2. verify [anchor, d1..dk] in one target pass (logits of every row + features).
-//           3. T = 0: accept the matching prefix, bonus = target argmax after it.
-//              T > 0: accept d_i while u * q_i(d_i) < p_i(d_i) (p = target's processed
-//              distribution, q = what d_i was drawn from); at the first rejection the bonus is
-//              drawn from norm(max(p - q, 0)) (p itself when that is all zero); else from p_k.
-//           4. roll the target cache back to P + a + 1, inject the features of rows 0..a into
-//              the drafter at P..P+a; the bonus becomes the next anchor.
+//           1. draft (drafter.cpp) at most n_max tokens from the full trained block;
+//           2. verify [anchor, d1..dk] in one target pass (logits of every row + features);
+//           3. accept (acceptance.cpp): row i's processed distribution is conditioned on the
+//              committed text plus d1..d_{i} through a clone of the committed sampler state, so
+//              committed penalty / grammar state never advances with unverified drafts;
+//           4. commit the accepted drafts and the next token (advancing the committed state),
+//              roll the target back to P + a + 1, inject the features of rows 0..a into the
+//              drafter at P..P+a; the last committed token is the next anchor.
 #include "driver.h"
 
 #include "gguf.h"
 #include "llama_ext_pinned.h"
+#include "pairing.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <numeric>
-#include <set>
 #include <thread>
 
 namespace dflash2 {
@@ -50,168 +55,16 @@ double now_ms() {
     return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
 }
 
-// Target architectures whose graph records layer inputs (res->t_layer_inp[il]) at 0c1e570:
-// the model classes in src/models/*.cpp that assign t_layer_inp, mapped to their arch names in
-// src/llama-model.cpp / src/llama-arch.cpp. Any other architecture ABORTS the process inside
-// libllama when layer-input extraction is enabled, so it gets the cb_eval path instead.
-const std::set<std::string> & layer_inp_archs() {
-    static const std::set<std::string> s = {
-        "llama", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "qwen4exp", "lfm2",
-        "muse-glimmer", "gpt-oss", "deepseek4", "minimax-01", "minimax-m2", "bailingmoe3",
-        "nemotron_h", "nanbeige", "hunyuan_vl", "mimo2", "gemma4",
-    };
-    return s;
-}
-
-std::string meta_str(const llama_model * m, const char * key) {
-    char buf[512];
-    const int32_t n = llama_model_meta_val_str(m, key, buf, sizeof(buf));
-    return n < 0 ? std::string() : std::string(buf);
-}
-
-// Drafter metadata read with gguf.h before anything is loaded (validation must precede the
-// drafter context: libllama does not check the pairing and aborts inside ggml).
-struct DrafterMeta {
-    std::string arch;
-    int64_t n_embd = -1, block_size = -1, top_k = 0, n_vocab = -1;
-    std::vector<int32_t> target_layers;
-};
-
-int64_t gguf_int(const gguf_context * g, const char * key, int64_t dflt) {
-    const int64_t id = gguf_find_key(g, key);
-    if (id < 0) return dflt;
-    switch (gguf_get_kv_type(g, id)) {
-        case GGUF_TYPE_UINT8:  return gguf_get_val_u8(g, id);
-        case GGUF_TYPE_INT8:   return gguf_get_val_i8(g, id);
-        case GGUF_TYPE_UINT16: return gguf_get_val_u16(g, id);
-        case GGUF_TYPE_INT16:  return gguf_get_val_i16(g, id);
-        case GGUF_TYPE_UINT32: return gguf_get_val_u32(g, id);
-        case GGUF_TYPE_INT32:  return gguf_get_val_i32(g, id);
-        case GGUF_TYPE_UINT64: return (int64_t) gguf_get_val_u64(g, id);
-        case GGUF_TYPE_INT64:  return gguf_get_val_i64(g, id);
-        default: return dflt;
-    }
-}
-
-DrafterMeta read_drafter_meta(const std::string & path) {
-    gguf_init_params ip = {/*no_alloc*/ true, /*ctx*/ nullptr};
-    gguf_context * g = gguf_init_from_file(path.c_str(), ip);
-    if (!g) throw Error(kErrLoad, "cannot read drafter GGUF '" + path + "' (missing or not a GGUF file)");
-    DrafterMeta m;
-    const int64_t ia = gguf_find_key(g, "general.architecture");
-    if (ia >= 0 && gguf_get_kv_type(g, ia) == GGUF_TYPE_STRING) m.arch = gguf_get_val_str(g, ia);
-    m.n_embd     = gguf_int(g, "dflash.embedding_length", -1);
-    m.block_size = gguf_int(g, "dflash.block_size", -1);
-    m.top_k      = gguf_int(g, "dflash.selector_top_k", 0);
-    const int64_t it = gguf_find_key(g, "tokenizer.ggml.tokens");
-    if (it >= 0 && gguf_get_kv_type(g, it) == GGUF_TYPE_ARRAY) m.n_vocab = (int64_t) gguf_get_arr_n(g, it);
-    const int64_t il = gguf_find_key(g, "dflash.target_layers");
-    if (il >= 0 && gguf_get_kv_type(g, il) == GGUF_TYPE_ARRAY) {
-        const size_t n = gguf_get_arr_n(g, il);
-        const gguf_type t = gguf_get_arr_type(g, il);
-        const void * d = gguf_get_arr_data(g, il);
-        for (size_t i = 0; i < n; ++i) {
-            if (t == GGUF_TYPE_INT32) m.target_layers.push_back(((const int32_t *) d)[i]);
-            else if (t == GGUF_TYPE_UINT32) m.target_layers.push_back((int32_t) ((const uint32_t *) d)[i]);
-            else if (t == GGUF_TYPE_INT64) m.target_layers.push_back((int32_t) ((const int64_t *) d)[i]);
-        }
-    }
-    gguf_free(g);
-    return m;
-}
-
-int argmax(const float * x, int n) {
-    return (int) (std::max_element(x, x + n) - x);  // first maximum, as llama.cpp's greedy sampler
-}
-
-// The processed distribution: llama.cpp's sampler-chain order (top_k -> top_p -> min_p ->
-// temperature, src/llama-sampler.cpp at 0c1e570), so that `top_p` and `min_p` act on the
-// temperature-1 probabilities of the surviving candidates, exactly like llama-cpp-python's
-// sampling with the same arguments. Output: dense probabilities (0 for removed tokens).
-// dflash2_gguf/sampling.py::processed_probs is the Python twin used as the tests' oracle.
-void processed_probs(const float * logits, int n, const GenParams & gp, std::vector<float> & out,
-                     std::vector<int> & idx) {
-    idx.resize(n);
-    std::iota(idx.begin(), idx.end(), 0);
-    auto by_logit = [logits](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-    int m = n;
-    if (gp.top_k > 0 && gp.top_k < n) {
-        std::partial_sort(idx.begin(), idx.begin() + gp.top_k, idx.end(), by_logit);
-        m = gp.top_k;
-    } else if (gp.top_p < 1.0f) {
-        std::sort(idx.begin(), idx.end(), by_logit);
-    }
-    if (gp.top_p < 1.0f) {
-        if (gp.top_k > 0 && gp.top_k < n) std::sort(idx.begin(), idx.begin() + m, by_logit);
-        const double mx = logits[idx[0]];
-        double z = 0;
-        for (int i = 0; i < m; ++i) z += std::exp((double) logits[idx[i]] - mx);
-        double cum = 0;
-        int keep = m;
-        for (int i = 0; i < m; ++i) {
-            cum += std::exp((double) logits[idx[i]] - mx) / z;
-            if (cum >= gp.top_p) { keep = i + 1; break; }
-        }
-        m = keep;
-    }
-    float mx = -INFINITY;
-    for (int i = 0; i < m; ++i) mx = std::max(mx, logits[idx[i]]);
-    if (gp.min_p > 0.0f) {
-        const float thr = mx + std::log(gp.min_p);
-        int w = 0;
-        for (int i = 0; i < m; ++i) if (logits[idx[i]] >= thr) idx[w++] = idx[i];
-        m = w;
-    }
-    out.assign(n, 0.0f);
-    double z = 0;
-    for (int i = 0; i < m; ++i) z += std::exp(((double) logits[idx[i]] - mx) / gp.temperature);
-    for (int i = 0; i < m; ++i) out[idx[i]] = (float) (std::exp(((double) logits[idx[i]] - mx) / gp.temperature) / z);
-}
-
-uint64_t splitmix64(uint64_t & x) {
-    uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 struct BatchGuard {
     llama_batch b;
     explicit BatchGuard(int n) : b(llama_batch_init(n, 0, 1)) {}
     ~BatchGuard() { llama_batch_free(b); }
 };
 
+// Tokens about to be discarded from the live cache that make it worth saving to the RAM cache.
+constexpr int kMinSaveTokens = 64;
+
 }  // namespace
-
-// cb_eval capture of `l_out-{il}` for targets whose graph does not record layer inputs.
-struct Engine::Capture {
-    int n_embd = 0;
-    std::vector<int> slot_of_il;                // target layer index -> feature slot or -1
-    std::vector<std::vector<float>> rows;       // per slot, rows appended in ubatch order
-    std::string error;
-    void reset() { for (auto & r : rows) r.clear(); error.clear(); }
-};
-
-static bool capture_cb(ggml_tensor * t, bool ask, void * ud) {
-    auto * c = static_cast<Engine::Capture *>(ud);
-    const char * name = t->name;
-    if (std::strncmp(name, "l_out-", 6) != 0) return !ask;
-    char * end = nullptr;
-    const long il = std::strtol(name + 6, &end, 10);
-    if (end == name + 6 || *end != '\0' || il < 0 || il >= (long) c->slot_of_il.size() || c->slot_of_il[il] < 0) {
-        return !ask;
-    }
-    if (ask) return true;
-    if (t->type != GGML_TYPE_F32 || t->ne[0] != c->n_embd || !ggml_is_contiguous(t)) {
-        c->error = std::string("cb_eval capture: unexpected layout of ") + name;
-        return true;
-    }
-    auto & dst = c->rows[c->slot_of_il[il]];
-    const size_t off = dst.size();
-    dst.resize(off + (size_t) ggml_nelements(t));
-    ggml_backend_tensor_get(t, dst.data() + off, 0, ggml_nbytes(t));
-    return true;
-}
 
 Engine::Engine(const EngineOptions & opt) : opt_(opt) {
     llama_backend_init();
@@ -222,17 +75,12 @@ Engine::Engine(const EngineOptions & opt) : opt_(opt) {
     if (opt.capture != "auto" && opt.capture != "layer_inp" && opt.capture != "cb_eval") {
         throw std::invalid_argument("capture must be 'auto', 'layer_inp' or 'cb_eval'");
     }
+    if (opt.cache_ram_mib < 0) throw std::invalid_argument("cache_ram_mib must be >= 0");
 
     // 1. Drafter metadata (cheap, before loading anything big).
-    DrafterMeta dm;
     const bool want_dft = !opt.drafter_path.empty();
-    if (want_dft) {
-        dm = read_drafter_meta(opt.drafter_path);
-        if (dm.arch != "dflash") {
-            throw Error(kErrIncompatible, "drafter '" + opt.drafter_path + "' has general.architecture '" + dm.arch +
-                                              "', expected 'dflash'");
-        }
-    }
+    DrafterMeta dm;
+    if (want_dft) dm = read_drafter_meta(opt.drafter_path);
 
     // 2. Target model.
     llama_model_params mp = llama_model_default_params();
@@ -247,51 +95,13 @@ Engine::Engine(const EngineOptions & opt) : opt_(opt) {
         n_layer_tgt_ = llama_model_n_layer(model_tgt_);
         if (arch_tgt_ == "dflash") throw Error(kErrIncompatible, "the target is a dflash drafter; pass the target model first");
 
-        // 3. Validate the pairing before the drafter context exists.
+        // 3. Pairing, before the drafter context exists.
         if (want_dft) {
-            if (llama_model_is_recurrent(model_tgt_) || llama_model_is_hybrid(model_tgt_)) {
-                throw Error(kErrUnsupported, "target architecture '" + arch_tgt_ +
-                    "' is recurrent/hybrid: rolling back rejected drafts needs state checkpoints, "
-                    "which this driver does not implement; run this target without a drafter (-md none)");
-            }
-            if (dm.n_vocab != n_vocab_) {
-                throw Error(kErrIncompatible, "vocabulary mismatch: drafter has " + std::to_string(dm.n_vocab) +
-                    " tokens, target has " + std::to_string(n_vocab_));
-            }
-            if (dm.n_embd != n_embd_) {
-                throw Error(kErrIncompatible, "hidden size mismatch: drafter dflash.embedding_length = " +
-                    std::to_string(dm.n_embd) + ", target hidden size = " + std::to_string(n_embd_));
-            }
-            if (dm.target_layers.empty()) {
-                throw Error(kErrIncompatible, "drafter has no dflash.target_layers");
-            }
-            for (int32_t lid : dm.target_layers) {
-                // lid = HF layer id + 1 = the target's layer-input index; the last layer's output
-                // (lid == n_layer) is neither recorded as a layer input nor unpruned in cb_eval.
-                if (lid < 1 || lid >= n_layer_tgt_) {
-                    throw Error(kErrIncompatible, "drafter target layer (HF id " + std::to_string(lid - 1) +
-                        ", GGUF value " + std::to_string(lid) + ") is outside the target's usable layers: HF ids 0.." +
-                        std::to_string(n_layer_tgt_ - 2) + " for a " + std::to_string(n_layer_tgt_) + "-layer target");
-                }
-            }
-            if (dm.top_k > 0 && dm.n_embd < dm.top_k * (dm.top_k + 1)) {
-                throw Error(kErrIncompatible, "DFlash 2 drafter too narrow: hidden size " + std::to_string(dm.n_embd) +
-                    " < selector_top_k*(selector_top_k+1) = " + std::to_string(dm.top_k * (dm.top_k + 1)) +
-                    " (the selector lattice is packed into the hidden-size output rows)");
-            }
-            if (dm.top_k > n_vocab_) throw Error(kErrIncompatible, "selector_top_k exceeds the vocabulary");
-            if (dm.block_size < 2) throw Error(kErrIncompatible, "drafter has no usable dflash.block_size");
+            capture_ = validate_pairing(dm, opt.drafter_path, model_tgt_, opt.capture);
             lids_ = dm.target_layers;
             block_size_ = (int) dm.block_size;
             top_k_sel_ = (int) dm.top_k;
-
-            const bool rec = layer_inp_archs().count(arch_tgt_) > 0;
-            if (opt.capture == "layer_inp" && !rec) {
-                throw Error(kErrUnsupported, "target architecture '" + arch_tgt_ +
-                    "' does not record layer inputs in llama.cpp 0c1e570 (enabling them would abort the process); "
-                    "use capture='cb_eval' or 'auto'");
-            }
-            capture_ = opt.capture == "auto" ? (rec ? "layer_inp" : "cb_eval") : opt.capture;
+            cap_ = std::make_unique<FeatureCapture>(capture_, lids_, n_embd_, n_layer_tgt_);
         }
 
         // 4. Target context.
@@ -306,57 +116,27 @@ Engine::Engine(const EngineOptions & opt) : opt_(opt) {
         cp.n_threads_batch = n_threads;
         cp.flash_attn_type = (llama_flash_attn_type) opt.flash_attn;
         cp.no_perf = true;
-        if (capture_ == "cb_eval") {
-            cap_ = std::make_unique<Capture>();
-            cap_->n_embd = n_embd_;
-            cap_->slot_of_il.assign(n_layer_tgt_, -1);
-            cap_->rows.resize(lids_.size());
-            for (size_t s = 0; s < lids_.size(); ++s) cap_->slot_of_il[lids_[s] - 1] = (int) s;
-            cp.cb_eval = capture_cb;
-            cp.cb_eval_user_data = cap_.get();
-        }
+        if (cap_) cap_->configure(cp);
         ctx_tgt_ = llama_init_from_model(model_tgt_, cp);
         if (!ctx_tgt_) throw Error(kErrLoad, "failed to create the target context (n_ctx " + std::to_string(n_ctx_tgt_) + ")");
 
         // 5. Drafter model + context (ctx_other = target context).
         if (want_dft) {
-            llama_model_params dp = llama_model_default_params();
-            dp.n_gpu_layers = opt.n_gpu_layers_draft;
-            dp.use_extra_bufts = opt.repack;
-            model_dft_ = llama_model_load_from_file(opt.drafter_path.c_str(), dp);
-            if (!model_dft_) throw Error(kErrLoad, "failed to load drafter GGUF '" + opt.drafter_path + "'");
-            if (llama_model_n_embd(model_dft_) != n_embd_ ||
-                llama_vocab_n_tokens(llama_model_get_vocab(model_dft_)) != n_vocab_ ||
-                llama_model_dflash_selector_top_k(model_dft_) != top_k_sel_) {
-                throw Error(kErrIncompatible, "drafter model disagrees with its GGUF metadata");
-            }
-            mask_token_ = llama_vocab_mask(llama_model_get_vocab(model_dft_));
-            if (mask_token_ < 0 || mask_token_ >= n_vocab_) {
-                throw Error(kErrIncompatible, "drafter has no tokenizer.ggml.mask_token_id");
-            }
-            causal_dft_ = meta_str(model_dft_, "dflash.attention.causal") == "true";
-            n_ctx_dft_ = opt.n_ctx_draft > 0 ? opt.n_ctx_draft : n_ctx_tgt_;
-            n_ubatch_dft_ = std::max(block_size_, std::min(256, n_ctx_dft_));
-            llama_context_params dc = llama_context_default_params();
-            dc.n_ctx = (uint32_t) n_ctx_dft_;
-            dc.n_batch = (uint32_t) n_ubatch_dft_;
-            dc.n_ubatch = (uint32_t) n_ubatch_dft_;
-            dc.n_seq_max = 1;
-            dc.n_threads = n_threads_dft;
-            dc.n_threads_batch = n_threads_dft;
-            dc.flash_attn_type = (llama_flash_attn_type) opt.flash_attn;
-            dc.no_perf = true;
-            if (opt.kv_f32_draft) { dc.type_k = GGML_TYPE_F32; dc.type_v = GGML_TYPE_F32; }
-            dc.ctx_other = ctx_tgt_;
-            ctx_dft_ = llama_init_from_model(model_dft_, dc);
-            if (!ctx_dft_) throw Error(kErrLoad, "failed to create the drafter context");
-            if (top_k_sel_ > 0) llama_set_embeddings_nextn(ctx_dft_, true, /*masked*/ false);
-            llama_set_causal_attn(ctx_dft_, causal_dft_);
-            batch_dft_ = llama_batch_ext_init(ctx_dft_);
-            if (capture_ == "layer_inp") {
-                for (int32_t lid : lids_) llama_set_embeddings_layer_inp(ctx_tgt_, (uint32_t) lid, true);
-            }
+            DrafterOptions d;
+            d.path = opt.drafter_path;
+            d.n_ctx = n_ctx_dft_ = opt.n_ctx_draft > 0 ? opt.n_ctx_draft : n_ctx_tgt_;
+            d.n_threads = n_threads_dft;
+            d.n_gpu_layers = opt.n_gpu_layers_draft;
+            d.flash_attn = opt.flash_attn;
+            d.repack = opt.repack;
+            d.kv_f32 = opt.kv_f32_draft;
+            d.block_size = block_size_;
+            d.top_k = top_k_sel_;
+            dft_ = std::make_unique<Drafter>(d, ctx_tgt_, n_vocab_, n_embd_);
+            mask_token_ = dft_->mask_token();
+            cap_->enable(ctx_tgt_);
         }
+        if (opt.cache_ram_mib > 0) cache_ = std::make_unique<PromptCache>((size_t) opt.cache_ram_mib << 20);
     } catch (...) {
         close();
         throw;
@@ -366,12 +146,23 @@ Engine::Engine(const EngineOptions & opt) : opt_(opt) {
 Engine::~Engine() { close(); }
 
 void Engine::close() {
-    if (batch_dft_) { llama_batch_ext_free(batch_dft_); batch_dft_ = nullptr; }
-    if (ctx_dft_) { llama_free(ctx_dft_); ctx_dft_ = nullptr; }      // contexts before models,
-    if (ctx_tgt_) { llama_free(ctx_tgt_); ctx_tgt_ = nullptr; }      // drafter (ctx_other user) first
-    if (model_dft_) { llama_model_free(model_dft_); model_dft_ = nullptr; }
+    cache_.reset();
+    dft_.reset();                                                 // the drafter (ctx_other user) first,
+    if (ctx_tgt_) { llama_free(ctx_tgt_); ctx_tgt_ = nullptr; }   // contexts before models
     if (model_tgt_) { llama_model_free(model_tgt_); model_tgt_ = nullptr; }
+    cap_.reset();
     active_ = false;
+    tokens_.clear();
+    n_past_ = n_dft_valid_ = 0;
+}
+
+// The parity hooks use the contexts for other passes: nothing cached stays valid.
+void Engine::forget_cache() {
+    active_ = false;
+    llama_memory_clear(llama_get_memory(ctx_tgt_), true);
+    if (dft_) dft_->clear();
+    tokens_.clear();
+    n_past_ = n_dft_valid_ = 0;
 }
 
 void Engine::require_open() const {
@@ -395,100 +186,60 @@ void Engine::decode_target(const int32_t * toks, int n, int pos0, bool all_logit
     const int rc = llama_decode(ctx_tgt_, g.b);
     if (rc != 0) throw Error(kErrDecode, "target llama_decode failed (rc " + std::to_string(rc) + ")", rc);
     llama_synchronize(ctx_tgt_);
-    if (want_features && cap_) {
-        if (!cap_->error.empty()) throw Error(kErrInternal, cap_->error);
-        for (auto & r : cap_->rows) {
-            if (r.size() != (size_t) n * n_embd_) {
-                throw Error(kErrInternal, "cb_eval capture got " + std::to_string(r.size() / n_embd_) +
-                    " rows for a batch of " + std::to_string(n));
-            }
-        }
-    }
+    if (want_features && cap_) cap_->check(n);
 }
 
-const float * Engine::feature_row(int slot, int row) const {
-    if (cap_) return cap_->rows[slot].data() + (size_t) row * n_embd_;
-    return llama_get_embeddings_layer_inp(ctx_tgt_, (uint32_t) lids_[slot]) + (size_t) row * n_embd_;
-}
-
-// Gather rows row0..row0+n-1 of the last target pass into feat_ ([n x n_lids*n_embd]) and
-// inject them into the drafter cache at positions pos0...
-void Engine::inject(int row0, int n_rows, int pos0) {
-    const size_t n_enc = lids_.size() * (size_t) n_embd_;
-    feat_.resize((size_t) n_rows * n_enc);
-    for (size_t s = 0; s < lids_.size(); ++s) {
-        for (int i = 0; i < n_rows; ++i) {
-            std::memcpy(feat_.data() + i * n_enc + s * n_embd_, feature_row((int) s, row0 + i), n_embd_ * sizeof(float));
-        }
-    }
-    for (int off = 0; off < n_rows; off += n_ubatch_dft_) {
-        const int n = std::min(n_ubatch_dft_, n_rows - off);
-        llama_batch_ext_clear(batch_dft_);
-        for (int i = 0; i < n; ++i) {
-            llama_embd e = {feat_.data() + (size_t) (off + i) * n_enc, 1, n_enc};
-            const int idx = llama_batch_ext_add_embd(batch_dft_, 0, e);
-            if (idx < 0) throw Error(kErrInternal, "llama_batch_ext_add_embd failed (" + std::to_string(idx) + ")");
-            const llama_pos p = pos0 + off + i;
-            const llama_pos pa[4] = {p, p, p, 0};
-            llama_batch_ext_set_pos(batch_dft_, idx, pa);
-        }
-        const int rc = llama_process(ctx_dft_, LLAMA_PROCESS_TYPE_DECODE, batch_dft_);
-        if (rc != 0) throw Error(kErrDecode, "drafter feature injection failed (rc " + std::to_string(rc) + ")", rc);
-    }
-}
-
-// One drafter pass over the full block [anchor, mask x (bs-1)] at pos0..pos0+bs-1, every row an
-// output (flagging only some rows shifts llama_get_logits_ith by one).
-void Engine::draft_block(int32_t anchor, int pos0) {
-    llama_batch_ext_clear(batch_dft_);
-    for (int i = 0; i < block_size_; ++i) {
-        const int idx = llama_batch_ext_add_token(batch_dft_, 0, i == 0 ? anchor : mask_token_);
-        if (idx < 0) throw Error(kErrInternal, "llama_batch_ext_add_token failed (" + std::to_string(idx) + ")");
-        const llama_pos p = pos0 + i;
-        const llama_pos pa[4] = {p, p, p, 0};
-        llama_batch_ext_set_pos(batch_dft_, idx, pa);
-        llama_batch_ext_set_output_logits(batch_dft_, idx, true);
-    }
-    const int rc = llama_process(ctx_dft_, LLAMA_PROCESS_TYPE_DECODE, batch_dft_);
-    if (rc != 0) throw Error(kErrDecode, "drafter block pass failed (rc " + std::to_string(rc) + ")", rc);
-    llama_synchronize(ctx_dft_);
-}
-
-// ---------------------------------------------------------------------------------------------
-// sampling helpers
-
-double Engine::uniform() {  // xoshiro256**, 53-bit uniform in [0, 1)
-    auto rotl = [](uint64_t x, int k) { return (x << k) | (x >> (64 - k)); };
-    const uint64_t r = rotl(rng_[1] * 5, 7) * 9;
-    const uint64_t t = rng_[1] << 17;
-    rng_[2] ^= rng_[0]; rng_[3] ^= rng_[1]; rng_[1] ^= rng_[2]; rng_[0] ^= rng_[3];
-    rng_[2] ^= t; rng_[3] = rotl(rng_[3], 45);
-    return (double) (r >> 11) * 0x1.0p-53;
-}
-
-int32_t Engine::draw(const std::vector<float> & probs) {
-    double total = 0;
-    for (float p : probs) total += p;
-    const double u = uniform() * total;
-    double cum = 0;
-    int last = -1;
-    for (size_t i = 0; i < probs.size(); ++i) {
-        if (probs[i] <= 0) continue;
-        cum += probs[i];
-        last = (int) i;
-        if (u < cum) return (int32_t) i;
-    }
-    return last;
-}
-
-void Engine::sample_target(const float * logits, std::vector<float> & probs) const {
-    static thread_local std::vector<int> idx;
-    processed_probs(logits, n_vocab_, gp_, probs, idx);
+void Engine::inject_rows(int row0, int n_rows, int pos0) {
+    cap_->gather(ctx_tgt_, row0, n_rows, feat_);
+    dft_->inject(feat_.data(), n_rows, cap_->width(), pos0);
 }
 
 bool Engine::is_eog(int32_t tok) const { return llama_vocab_is_eog(llama_model_get_vocab(model_tgt_), tok); }
 
-void Engine::push_commit(Chunk & c, int32_t tok, bool from_draft) {
+// ---------------------------------------------------------------------------------------------
+// the target's processed distribution of one verify row
+
+const std::vector<float> & Engine::row_probs(int row, const SamplerState & st, bool penalties) {
+    st.process(llama_get_logits_ith(ctx_tgt_, row), n_vocab_, logits_, /*grammar*/ true, penalties);
+    truncated_probs(logits_.data(), n_vocab_, gp_.sampling, probs_);
+    return probs_;
+}
+
+// Greedy: argmax of the processed logits. The grammar is checked on the argmax first and applied
+// to the whole vocabulary only when it rejects it (llama.cpp's common_sampler_sample does the
+// same: masking removes tokens, so an allowed argmax stays the argmax).
+int32_t Engine::greedy_token(const float * raw, const SamplerState & st) {
+    st.process(raw, n_vocab_, logits_, /*grammar*/ false);
+    int32_t t = argmax(logits_.data(), n_vocab_);
+    if (st.has_grammar()) {
+        st.allowed(&t, 1, ok_);
+        if (!ok_[0]) {
+            st.process(raw, n_vocab_, logits_, /*grammar*/ true);
+            t = argmax(logits_.data(), n_vocab_);
+        }
+    }
+    if (logits_[t] == -INFINITY) {
+        throw Error(kErrInternal, "no token is allowed here (the grammar and logit_bias ban every token)");
+    }
+    return t;
+}
+
+int32_t Engine::sample_row(int row, const SamplerState & st) {
+    if (gp_.sampling.greedy()) return greedy_token(llama_get_logits_ith(ctx_tgt_, row), st);
+    const int32_t t = rng_.draw(row_probs(row, st, true));
+    if (t < 0) throw Error(kErrInternal, "no token is allowed here (the grammar and logit_bias ban every token)");
+    return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// committing a token
+
+void Engine::commit(Chunk & c, int32_t tok, bool from_draft, const float * raw) {
+    if (gp_.sampling.n_probs > 0) {
+        state_.process(raw, n_vocab_, lp_, /*grammar*/ true);
+        c.logprobs.push_back(token_logprob(lp_, tok, gp_.sampling.n_probs));
+    }
+    state_.accept(tok);
     tokens_.push_back(tok);
     c.tokens.push_back(tok);
     c.from_draft.push_back(from_draft ? 1 : 0);
@@ -523,16 +274,44 @@ void Engine::push_commit(Chunk & c, int32_t tok, bool from_draft) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// the prompt cache
+
+// How many leading prompt tokens the caches can keep, after restoring a better RAM-cached prefix
+// (saving the live one first when it would lose at least kMinSaveTokens). At least one prompt
+// token is always evaluated again, so that a full-prefix hit still yields the first token's
+// logits; with a drafter in use the reuse stops where the drafter's injected features stop.
+int Engine::reuse_prefix(const std::vector<int32_t> & prompt) {
+    const int n = (int) prompt.size();
+    int live = common_prefix(tokens_, prompt, std::min(n_past_, n));
+    if (cache_) {
+        int lcp = 0;
+        const int bi = cache_->best(prompt, lcp);
+        const bool restore = bi >= 0 && lcp > live;
+        if (n_past_ - live >= kMinSaveTokens) {
+            cache_->save(ctx_tgt_, dft_ ? dft_->ctx() : nullptr,
+                         std::vector<int32_t>(tokens_.begin(), tokens_.begin() + n_past_), n_dft_valid_);
+        }
+        if (restore) {
+            const int bi2 = cache_->best(prompt, lcp);  // indices move when save() drops entries
+            cache_->restore(bi2, ctx_tgt_, dft_ ? dft_->ctx() : nullptr, tokens_, n_dft_valid_);
+            n_past_ = (int) tokens_.size();
+            live = lcp;
+            stats_.n_cache_restored = lcp;
+        }
+    }
+    int reuse = std::min(live, n - 1);
+    if (dft_ && gp_.use_drafter) reuse = std::min(reuse, n_dft_valid_);
+    return reuse;
+}
+
+// ---------------------------------------------------------------------------------------------
 // the loop
 
 Chunk Engine::begin(const std::vector<int32_t> & prompt, const GenParams & gp) {
     require_open();
     if (prompt.empty()) throw std::invalid_argument("the prompt is empty");
     if (gp.n_predict < 1) throw std::invalid_argument("n_predict must be >= 1");
-    if (!(gp.temperature >= 0.0f)) throw std::invalid_argument("temperature must be >= 0");
-    if (!(gp.top_p > 0.0f && gp.top_p <= 1.0f)) throw std::invalid_argument("top_p must be in (0, 1]");
-    if (!(gp.min_p >= 0.0f && gp.min_p <= 1.0f)) throw std::invalid_argument("min_p must be in [0, 1]");
-    if (gp.top_k < 0) throw std::invalid_argument("top_k must be >= 0");
+    gp.sampling.validate(n_vocab_);
     for (int32_t t : prompt) {
         if (t < 0 || t >= n_vocab_) throw std::invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary");
     }
@@ -540,121 +319,59 @@ Chunk Engine::begin(const std::vector<int32_t> & prompt, const GenParams & gp) {
         throw Error(kErrContextFull, "prompt of " + std::to_string(prompt.size()) + " tokens does not fit n_ctx " +
                                          std::to_string(n_ctx_tgt_));
     }
+    active_ = false;  // until the prefill succeeded
     gp_ = gp;
+    state_ = SamplerState(llama_model_get_vocab(model_tgt_), gp_.sampling, n_ctx_tgt_);  // throws on a bad grammar
     stats_ = Stats();
     stats_.n_prompt = (int64_t) prompt.size();
     const int bs = std::max(block_size_ - 1, 1);
     stats_.pos_reached.assign(bs, 0);
     stats_.pos_accepted.assign(bs, 0);
-    uint64_t s = gp.seed;
-    for (auto & r : rng_) r = splitmix64(s);
+    rng_.seed(gp_.sampling.seed);
     gen_text_.clear();
     gen_from_draft_.clear();
-    tokens_ = prompt;
-    n_prompt_ = (int) prompt.size();
     done_ = false;
-    active_ = true;
     const double t0 = now_ms();
     t_begin_ = t0;
 
-    llama_memory_clear(llama_get_memory(ctx_tgt_), true);
-    const bool feats = ctx_dft_ != nullptr && gp_.use_drafter;
-    if (ctx_dft_) llama_memory_clear(llama_get_memory(ctx_dft_), true);
-
+    const bool feats = dft_ != nullptr && gp_.use_drafter;
     const int n = (int) prompt.size();
-    for (int off = 0; off < n; off += n_batch_tgt_) {
+    const int reuse = gp_.cache_prompt ? reuse_prefix(prompt) : 0;
+    // everything past the reused prefix leaves both caches
+    llama_memory_seq_rm(llama_get_memory(ctx_tgt_), 0, reuse, -1);
+    n_past_ = reuse;
+    tokens_.assign(prompt.begin(), prompt.begin() + reuse);
+    if (dft_) {
+        n_dft_valid_ = std::min(n_dft_valid_, reuse);
+        dft_->remove_from(n_dft_valid_);
+    }
+    stats_.n_cached = reuse;
+
+    for (int off = reuse; off < n; off += n_batch_tgt_) {
         const int m = std::min(n_batch_tgt_, n - off);
         decode_target(prompt.data() + off, m, off, false, feats);
+        n_past_ = off + m;
         // a drafter context shorter than the target's keeps what fits (drafting stops later)
         const int fit = std::min(m, n_ctx_dft_ - off);
-        if (feats && fit > 0) inject(0, fit, off);
+        if (feats && fit > 0) {
+            inject_rows(0, fit, off);
+            n_dft_valid_ = off + fit;
+        }
     }
-    n_past_ = n;
+    tokens_ = prompt;
+    n_prompt_ = n;
+    active_ = true;
+    for (int t : prompt) state_.accept_prompt(t);
+
     Chunk c;
     const double t1 = now_ms();
-    const float * logits = llama_get_logits_ith(ctx_tgt_, (n - 1) % n_batch_tgt_);
-    int32_t tok;
-    if (gp_.temperature <= 0.0f) {
-        tok = argmax(logits, n_vocab_);
-    } else {
-        sample_target(logits, probs_);
-        tok = draw(probs_);
-    }
+    const int32_t tok = sample_row(-1, state_);
+    commit(c, tok, false, llama_get_logits_ith(ctx_tgt_, -1));
     stats_.t_sample_ms += now_ms() - t1;
     stats_.t_prefill_ms = t1 - t0;
-    push_commit(c, tok, false);
     c.done = done_;
     stats_.t_total_ms = now_ms() - t_begin_;
     return c;
-}
-
-// Draft the full block, then read at most k_max drafts. Returns the number of drafts.
-int Engine::cycle_draft(int32_t anchor, int pos0, int k_max) {
-    const double t0 = now_ms();
-    draft_block(anchor, pos0);
-    drafts_.clear();
-    const bool greedy = gp_.temperature <= 0.0f;
-    const int nd = block_size_ - 1;
-    if (top_k_sel_ > 0) {
-        const int K = top_k_sel_;
-        const float * lat = llama_get_embeddings_nextn(ctx_dft_);
-        if (!lat) throw Error(kErrInternal, "DFlash 2 drafter produced no selector lattice");
-        qcand_.resize(nd);
-        qprob_.resize(nd);
-        qsel_.assign(nd, 0);
-        std::vector<float> sc(K);
-        int pred = 0;  // row 1's scores repeat the anchor's for every predecessor slot
-        for (int i = 1; i <= nd && (int) drafts_.size() < k_max; ++i) {
-            const float * row = lat + (size_t) i * n_embd_;
-            const float * scores = row + K + (size_t) pred * K;
-            int j;
-            if (greedy) {
-                j = argmax(scores, K);
-            } else {
-                // q = softmax(S / T) over the k candidates (dflash CandidateSelector.select)
-                const float mx = *std::max_element(scores, scores + K);
-                double z = 0;
-                for (int b = 0; b < K; ++b) { sc[b] = (float) std::exp(((double) scores[b] - mx) / gp_.temperature); z += sc[b]; }
-                for (int b = 0; b < K; ++b) sc[b] = (float) (sc[b] / z);
-                j = draw(sc);
-                auto & cand = qcand_[i - 1];
-                cand.resize(K);
-                for (int b = 0; b < K; ++b) cand[b] = (int32_t) row[b];
-                qprob_[i - 1] = sc;
-            }
-            if (gp_.p_min > 0.0f) {  // softmax(S) at the chosen candidate (temperature 1)
-                double z = 0;
-                for (int b = 0; b < K; ++b) z += std::exp((double) scores[b] - scores[j]);
-                if (1.0 / z < gp_.p_min) break;
-            }
-            drafts_.push_back((int32_t) row[j]);
-            qsel_[i - 1] = j;
-            pred = j;
-        }
-    } else {
-        q_.resize(nd);
-        static thread_local std::vector<int> idx;
-        for (int i = 1; i <= nd && (int) drafts_.size() < k_max; ++i) {
-            const float * lg = llama_get_logits_ith(ctx_dft_, i);
-            int32_t d;
-            if (greedy) {
-                d = argmax(lg, n_vocab_);
-            } else {
-                processed_probs(lg, n_vocab_, gp_, q_[i - 1], idx);  // the drafter's processed distribution
-                d = draw(q_[i - 1]);
-            }
-            if (gp_.p_min > 0.0f) {
-                const float mx = *std::max_element(lg, lg + n_vocab_);
-                double z = 0;
-                for (int v = 0; v < n_vocab_; ++v) z += std::exp((double) lg[v] - mx);
-                if (std::exp((double) lg[d] - mx) / z < gp_.p_min) break;
-            }
-            drafts_.push_back(d);
-        }
-    }
-    llama_memory_seq_rm(llama_get_memory(ctx_dft_), 0, pos0, -1);  // drop the block's K/V
-    stats_.t_draft_ms += now_ms() - t0;
-    return (int) drafts_.size();
 }
 
 Chunk Engine::step() {
@@ -672,68 +389,47 @@ Chunk Engine::step() {
         return c;
     }
     int k_max = 0;
-    const bool drafting = ctx_dft_ != nullptr && gp_.use_drafter;
-    if (drafting && P + block_size_ <= n_ctx_dft_) {
+    const bool drafting = dft_ != nullptr && gp_.use_drafter;
+    if (drafting && n_dft_valid_ == P && P + block_size_ <= n_ctx_dft_) {
         k_max = block_size_ - 1;
         if (gp_.n_draft_max >= 0) k_max = std::min(k_max, gp_.n_draft_max);
         k_max = std::min(k_max, remaining - 1);
         k_max = std::min(k_max, n_ctx_tgt_ - 1 - P);
         k_max = std::max(k_max, 0);
     }
-    const int k = k_max > 0 ? cycle_draft(anchor, P, k_max) : 0;
+    double t0 = now_ms();
+    const int k = k_max > 0 ? dft_->draft(anchor, P, k_max, gp_.sampling, state_, rng_, gp_.p_min, drafts_) : 0;
+    if (k_max > 0) stats_.t_draft_ms += now_ms() - t0;
 
     // verify [anchor, d1..dk] in one target pass
-    double t0 = now_ms();
+    t0 = now_ms();
     std::vector<int32_t> vt(k + 1);
     vt[0] = anchor;
-    for (int i = 0; i < k; ++i) vt[i + 1] = drafts_[i];
+    for (int i = 0; i < k; ++i) vt[i + 1] = drafts_[i].token;
     decode_target(vt.data(), k + 1, P, true, drafting);
     stats_.t_target_ms += now_ms() - t0;
 
-    // accept
+    // accept: row i sees the committed state advanced by d1..di (a clone; state_ is untouched)
     t0 = now_ms();
-    int a = 0;
-    int32_t bonus = -1;
-    if (gp_.temperature <= 0.0f) {
-        for (; a < k; ++a) {
-            if (argmax(llama_get_logits_ith(ctx_tgt_, a), n_vocab_) != drafts_[a]) break;
-        }
-        bonus = argmax(llama_get_logits_ith(ctx_tgt_, a), n_vocab_);
+    SamplerState row_st = state_;
+    int row_at = 0;  // drafts row_st has accepted
+    auto advance_to = [&](int row) { while (row_at < row) row_st.accept(drafts_[row_at++].token); };
+    AcceptResult ar;
+    if (gp_.sampling.greedy()) {
+        ar = accept_greedy(drafts_, k, [&](int row) {
+            advance_to(row);
+            return greedy_token(llama_get_logits_ith(ctx_tgt_, row), row_st);
+        });
     } else {
-        for (; a < k; ++a) {
-            sample_target(llama_get_logits_ith(ctx_tgt_, a), probs_);
-            const int32_t d = drafts_[a];
-            const double p = probs_[d];
-            double q;
-            if (top_k_sel_ > 0) {
-                q = qprob_[a][qsel_[a]];  // probability of the chosen candidate slot
-            } else {
-                q = q_[a][d];
-            }
-            const double u = uniform();
-            const bool ok = gp_.wrong_acceptance_rule ? (u < p) : (u * q < p);
-            if (ok) continue;
-            // rejected: residual max(p - q, 0), renormalized; p itself if it is all zero
-            resid_ = probs_;
-            if (top_k_sel_ > 0) {
-                const auto & cand = qcand_[a];
-                const auto & qp = qprob_[a];
-                for (size_t b = 0; b < cand.size(); ++b) resid_[cand[b]] -= qp[b];
-            } else {
-                for (int v = 0; v < n_vocab_; ++v) resid_[v] -= q_[a][v];
-            }
-            double tot = 0;
-            for (auto & r : resid_) { if (r < 0) r = 0; tot += r; }
-            bonus = draw(tot > 0 ? resid_ : probs_);
-            break;
-        }
-        if (bonus < 0) {
-            sample_target(llama_get_logits_ith(ctx_tgt_, a), probs_);
-            bonus = draw(probs_);
-        }
+        const int fault = gp_.test_fault;
+        if (fault == kFaultPenaltyWithDrafts) advance_to(k);
+        ar = accept_sampled(drafts_, k, [&](int row, bool for_next) -> const std::vector<float> & {
+            if (fault != kFaultPenaltyWithDrafts) advance_to(row);
+            return row_probs(row, row_st, !(for_next && fault == kFaultBonusWithoutPenalty));
+        }, rng_, fault);
+        if (ar.next < 0) throw Error(kErrInternal, "no token is allowed here (the grammar and logit_bias ban every token)");
     }
-    stats_.t_sample_ms += now_ms() - t0;
-
+    const int a = ar.n_accepted;
     stats_.n_cycles++;
     stats_.n_drafted += k;
     stats_.n_accepted += a;
@@ -742,17 +438,19 @@ Chunk Engine::step() {
         if (i < a) stats_.pos_accepted[i]++;
     }
     const int64_t before = stats_.n_generated;
-    for (int i = 0; i < a && !done_; ++i) push_commit(c, drafts_[i], true);
-    if (!done_) push_commit(c, bonus, false);
+    for (int i = 0; i < a && !done_; ++i) commit(c, drafts_[i].token, true, llama_get_logits_ith(ctx_tgt_, i));
+    if (!done_) commit(c, ar.next, false, llama_get_logits_ith(ctx_tgt_, a));
     stats_.n_committed_cycles += stats_.n_generated - before;
+    stats_.t_sample_ms += now_ms() - t0;
 
-    // roll back: the target keeps anchor + accepted drafts; the bonus is the next anchor
+    // roll back: the target keeps anchor + accepted drafts; the last committed token is the next anchor
     n_past_ = P + a + 1;
     llama_memory_seq_rm(llama_get_memory(ctx_tgt_), 0, n_past_, -1);
     const int fit = std::min(a + 1, n_ctx_dft_ - P);
-    if (drafting && !done_ && fit > 0) {
+    if (drafting && !done_ && fit > 0 && n_dft_valid_ == P) {
         t0 = now_ms();
-        inject(0, fit, P);
+        inject_rows(0, fit, P);
+        n_dft_valid_ = P + fit;
         stats_.t_inject_ms += now_ms() - t0;
     }
     c.done = done_;
@@ -818,60 +516,43 @@ std::string Engine::chat_template() const {
 
 std::vector<float> Engine::capture_features(const std::vector<int32_t> & tokens) {
     require_open();
-    if (!ctx_dft_) throw Error(kErrUnsupported, "capture_features needs a drafter (it defines the target layers)");
+    if (!dft_) throw Error(kErrUnsupported, "capture_features needs a drafter (it defines the target layers)");
     if (tokens.empty() || (int) tokens.size() > n_ctx_tgt_) throw std::invalid_argument("bad token count");
-    active_ = false;
-    llama_memory_clear(llama_get_memory(ctx_tgt_), true);
+    forget_cache();
     const size_t n_enc = lids_.size() * (size_t) n_embd_;
     std::vector<float> out(tokens.size() * n_enc);
     const int n = (int) tokens.size();
     for (int off = 0; off < n; off += n_batch_tgt_) {
         const int m = std::min(n_batch_tgt_, n - off);
         decode_target(tokens.data() + off, m, off, false, true);
-        for (size_t s = 0; s < lids_.size(); ++s) {
-            for (int i = 0; i < m; ++i) {
-                std::memcpy(out.data() + (off + i) * n_enc + s * n_embd_, feature_row((int) s, i), n_embd_ * sizeof(float));
-            }
-        }
+        cap_->gather(ctx_tgt_, 0, m, feat_);
+        std::memcpy(out.data() + (size_t) off * n_enc, feat_.data(), feat_.size() * sizeof(float));
     }
-    llama_memory_clear(llama_get_memory(ctx_tgt_), true);
+    forget_cache();
     return out;
 }
 
 DraftProbe Engine::draft_from_features(const std::vector<float> & features, int n_rows, int32_t anchor) {
     require_open();
-    if (!ctx_dft_) throw Error(kErrUnsupported, "draft_from_features needs a drafter");
+    if (!dft_) throw Error(kErrUnsupported, "draft_from_features needs a drafter");
     const size_t n_enc = lids_.size() * (size_t) n_embd_;
     if (n_rows < 1 || features.size() != (size_t) n_rows * n_enc) throw std::invalid_argument("features must be [n_rows x n_lids*n_embd]");
     if (n_rows + block_size_ > n_ctx_dft_) throw Error(kErrContextFull, "features do not fit the drafter context");
     if (anchor < 0 || anchor >= n_vocab_) throw std::invalid_argument("anchor outside the vocabulary");
-    active_ = false;
-    llama_memory_clear(llama_get_memory(ctx_dft_), true);
-    // inject from the caller's buffer
-    for (int off = 0; off < n_rows; off += n_ubatch_dft_) {
-        const int n = std::min(n_ubatch_dft_, n_rows - off);
-        llama_batch_ext_clear(batch_dft_);
-        for (int i = 0; i < n; ++i) {
-            llama_embd e = {features.data() + (size_t) (off + i) * n_enc, 1, n_enc};
-            const int idx = llama_batch_ext_add_embd(batch_dft_, 0, e);
-            const llama_pos p = off + i;
-            const llama_pos pa[4] = {p, p, p, 0};
-            llama_batch_ext_set_pos(batch_dft_, idx, pa);
-        }
-        const int rc = llama_process(ctx_dft_, LLAMA_PROCESS_TYPE_DECODE, batch_dft_);
-        if (rc != 0) throw Error(kErrDecode, "drafter feature injection failed", rc);
-    }
-    draft_block(anchor, n_rows);
+    forget_cache();
+    dft_->clear();
+    dft_->inject(features.data(), n_rows, (int) n_enc, 0);
+    dft_->run_block(anchor, n_rows);
     DraftProbe pr;
     pr.n_rows = block_size_;
     pr.n_vocab = n_vocab_;
     pr.n_embd = n_embd_;
     pr.logits.resize((size_t) block_size_ * n_vocab_);
     for (int i = 0; i < block_size_; ++i) {
-        std::memcpy(pr.logits.data() + (size_t) i * n_vocab_, llama_get_logits_ith(ctx_dft_, i), n_vocab_ * sizeof(float));
+        std::memcpy(pr.logits.data() + (size_t) i * n_vocab_, llama_get_logits_ith(dft_->ctx(), i), n_vocab_ * sizeof(float));
     }
     if (top_k_sel_ > 0) {
-        const float * lat = llama_get_embeddings_nextn(ctx_dft_);
+        const float * lat = llama_get_embeddings_nextn(dft_->ctx());
         pr.lattice.assign(lat, lat + (size_t) block_size_ * n_embd_);
         const int K = top_k_sel_;
         int pred = 0;
@@ -884,15 +565,14 @@ DraftProbe Engine::draft_from_features(const std::vector<float> & features, int 
     } else {
         for (int i = 1; i < block_size_; ++i) pr.greedy.push_back(argmax(pr.logits.data() + (size_t) i * n_vocab_, n_vocab_));
     }
-    llama_memory_clear(llama_get_memory(ctx_dft_), true);
+    dft_->clear();
     return pr;
 }
 
 std::vector<float> Engine::target_logits(const std::vector<int32_t> & tokens) {
     require_open();
     if (tokens.empty() || (int) tokens.size() > n_ctx_tgt_) throw std::invalid_argument("bad token count");
-    active_ = false;
-    llama_memory_clear(llama_get_memory(ctx_tgt_), true);
+    forget_cache();
     std::vector<float> out(tokens.size() * (size_t) n_vocab_);
     const int n = (int) tokens.size();
     for (int off = 0; off < n; off += n_batch_tgt_) {
@@ -902,7 +582,7 @@ std::vector<float> Engine::target_logits(const std::vector<int32_t> & tokens) {
             std::memcpy(out.data() + (size_t) (off + i) * n_vocab_, llama_get_logits_ith(ctx_tgt_, i), n_vocab_ * sizeof(float));
         }
     }
-    llama_memory_clear(llama_get_memory(ctx_tgt_), true);
+    forget_cache();
     return out;
 }
 

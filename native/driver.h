@@ -13,6 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "error.h"
+#include "acceptance.h"
+#include "capture.h"
+#include "drafter.h"
+#include "prompt_cache.h"
+#include "sampling.h"
+
 struct llama_model;
 struct llama_context;
 struct llama_batch_ext;
@@ -22,27 +29,6 @@ namespace dflash2 {
 // Returns an empty string when the loaded libllama is the pinned build, otherwise a message that
 // names what differs and how to fix it.
 std::string check_libllama();
-
-// Error categories carried by every Error (and by the Python exception it becomes).
-enum ErrorCode : int {
-    kErrLoad         = 1,  // a GGUF could not be read or loaded
-    kErrIncompatible = 2,  // drafter/target pairing mismatch (vocab, hidden, layer ids, width)
-    kErrUnsupported  = 3,  // a configuration this driver refuses (e.g. recurrent target)
-    kErrDecode       = 4,  // llama_decode / llama_process returned non-zero (rc carried)
-    kErrContextFull  = 5,  // prompt + generation does not fit the context
-    kErrClosed       = 6,  // the engine was closed
-    kErrInternal     = 7,  // an invariant of the driver failed
-};
-
-class Error : public std::runtime_error {
-  public:
-    Error(int code, const std::string & msg, int rc = 0) : std::runtime_error(msg), code_(code), rc_(rc) {}
-    int code() const { return code_; }
-    int rc() const { return rc_; }  // the libllama return code, when there is one
-  private:
-    int code_;
-    int rc_;
-};
 
 // Construction options. Sizes are in tokens; n_gpu_layers as in llama.cpp (-1 = all).
 struct EngineOptions {
@@ -59,28 +45,29 @@ struct EngineOptions {
     bool kv_f32_draft       = false;// F32 drafter K/V cache (parity tests); default F16
     bool repack             = true; // llama.cpp --repack: CPU weight repacking (use_extra_bufts), both models
     std::string capture     = "auto"; // "auto" | "layer_inp" | "cb_eval"
+    int64_t cache_ram_mib   = 1024; // RAM prompt cache (llama-server --cache-ram): saved prefixes
+                                    // (target KV + drafter state), MiB; 0 = off
 };
 
-// Sampling + loop parameters of one generation. Names follow llama-cpp-python.
+// Loop parameters of one generation; the sampling options are one SamplingOptions (sampling.h).
 struct GenParams {
+    SamplingOptions sampling;
     int      n_predict   = 128;
-    float    temperature = 0.0f;   // <= 0: greedy
-    int      top_k       = 0;      // <= 0: off
-    float    top_p       = 1.0f;   // >= 1: off
-    float    min_p       = 0.0f;   // <= 0: off
-    uint64_t seed        = 0;
     int      n_draft_max = -1;     // drafts per cycle after the full block is drafted; -1: block-1
     float    p_min       = 0.0f;   // stop the walk at a draft whose probability is below p_min
     bool     use_drafter = true;
     bool     ignore_eog  = false;
+    bool     cache_prompt = true;  // reuse the longest common prefix with the cached state
     std::vector<std::string> stop; // stop strings (checked on the detokenized output)
-    // TEST HOOK (negative control of the lossless test): accept a draft when u < p instead of
-    // u * q < p. Never set it outside tests: the output distribution is then wrong.
-    bool     wrong_acceptance_rule = false;
+    // TEST HOOK (negative controls of the lossless tests, acceptance.h TestFault). Never set it
+    // outside tests: the output distribution is then wrong.
+    int      test_fault = 0;
 };
 
 struct Stats {
     int64_t n_prompt      = 0;
+    int64_t n_cached      = 0;  // prompt tokens reused from the prompt cache (not prefilled)
+    int64_t n_cache_restored = 0; // of those, tokens restored from the RAM cache (0: the live cache)
     int64_t n_generated   = 0;  // committed tokens (including EOG when it ended the output)
     int64_t n_cycles      = 0;  // target verify passes after the prefill
     int64_t n_committed_cycles = 0; // tokens committed by those passes (accepted + bonus)
@@ -101,6 +88,7 @@ struct Stats {
 struct Chunk {
     std::vector<int32_t> tokens;
     std::vector<uint8_t> from_draft; // 1 = accepted draft, 0 = sampled by the target (bonus)
+    std::vector<TokenLogprob> logprobs; // per token when SamplingOptions::n_probs > 0
     bool done = false;
 };
 
@@ -133,7 +121,7 @@ class Engine {
     const std::vector<uint8_t> & from_draft() const { return gen_from_draft_; }
 
     // Introspection.
-    bool has_drafter() const { return ctx_dft_ != nullptr; }
+    bool has_drafter() const { return dft_ != nullptr; }
     int  block_size() const { return block_size_; }
     int  selector_top_k() const { return top_k_sel_; }
     int  n_vocab() const { return n_vocab_; }
@@ -144,6 +132,9 @@ class Engine {
     std::string target_arch() const { return arch_tgt_; }
     std::vector<int32_t> target_layers() const { return lids_; }
     llama_model * target_model() const { return model_tgt_; }
+    // Prompt cache: tokens the target holds now, and the RAM cache's entries / bytes.
+    int n_cached_tokens() const { return n_past_; }
+    const PromptCache * prompt_cache() const { return cache_.get(); }
 
     // Text helpers on the target vocabulary.
     std::vector<int32_t> tokenize(const std::string & text, bool add_special, bool parse_special) const;
@@ -159,55 +150,50 @@ class Engine {
     // Target logits of every row of `tokens` from a fresh target pass ([n x n_vocab]).
     std::vector<float> target_logits(const std::vector<int32_t> & tokens);
 
-    struct Capture;  // cb_eval capture state (driver.cpp)
-
   private:
-
     void require_open() const;
     void decode_target(const int32_t * toks, int n, int pos0, bool all_logits, bool want_features);
-    const float * feature_row(int slot, int row) const;
-    void inject(int row0, int n_rows, int pos0);
-    void draft_block(int32_t anchor, int pos0);
-    int  cycle_draft(int32_t anchor, int pos0, int k_max);
-    void sample_target(const float * logits, std::vector<float> & probs) const;
-    int32_t draw(const std::vector<float> & probs);
-    double uniform();
-    void push_commit(Chunk & c, int32_t tok, bool from_draft);
+    void inject_rows(int row0, int n_rows, int pos0);  // last target pass's features -> drafter
+    int  reuse_prefix(const std::vector<int32_t> & prompt);
+    void forget_cache();
+    void commit(Chunk & c, int32_t tok, bool from_draft, const float * raw_logits);
+    const std::vector<float> & row_probs(int row, const SamplerState & st, bool penalties);
+    int32_t greedy_token(const float * raw, const SamplerState & st);
+    int32_t sample_row(int row, const SamplerState & st);
 
     EngineOptions opt_;
     llama_model *   model_tgt_ = nullptr;
-    llama_model *   model_dft_ = nullptr;
     llama_context * ctx_tgt_   = nullptr;
-    llama_context * ctx_dft_   = nullptr;
-    ::llama_batch_ext * batch_dft_ = nullptr;
-    std::unique_ptr<Capture> cap_;
+    std::unique_ptr<FeatureCapture> cap_;
+    std::unique_ptr<Drafter> dft_;
+    std::unique_ptr<PromptCache> cache_;
 
     std::string arch_tgt_, capture_;
     int n_vocab_ = 0, n_embd_ = 0, n_layer_tgt_ = 0, n_ctx_tgt_ = 0, n_ctx_dft_ = 0;
-    int n_batch_tgt_ = 0, n_ubatch_dft_ = 0;
+    int n_batch_tgt_ = 0;
     int block_size_ = 0, top_k_sel_ = 0, mask_token_ = -1;
-    bool causal_dft_ = false;
     std::vector<int32_t> lids_;  // layer-input indices (HF id + 1), from dflash.target_layers
+
+    // cached state (kept across generations: the prompt cache)
+    std::vector<int32_t> tokens_;  // prompt + committed; tokens_[0, n_past_) are in the target KV
+    int n_past_ = 0;               // tokens the target has in its KV cache
+    int n_dft_valid_ = 0;          // leading positions whose features the drafter holds
 
     // generation state
     GenParams gp_;
     Stats stats_;
-    std::vector<int32_t> tokens_;  // prompt + committed
+    SamplerState state_;           // committed text: penalty window + grammar
+    Rng rng_;
     int n_prompt_ = 0;
-    int n_past_ = 0;               // tokens the target has in its KV cache
     bool active_ = false, done_ = false;
-    uint64_t rng_[4] = {0, 0, 0, 0};
     std::string gen_text_;
     std::vector<uint8_t> gen_from_draft_;
     double t_begin_ = 0;
 
     // per-cycle scratch
-    std::vector<int32_t> drafts_;
-    std::vector<std::vector<float>> q_;      // v1: dense processed drafter dist per draft row
-    std::vector<std::vector<int32_t>> qcand_;// v2: candidate ids per draft row
-    std::vector<std::vector<float>> qprob_;  // v2: q over candidates per draft row
-    std::vector<int> qsel_;                  // v2: chosen candidate slot per draft row
-    std::vector<float> probs_, resid_, feat_;
+    std::vector<DraftRow> drafts_;
+    std::vector<float> probs_, logits_, lp_, feat_;
+    std::vector<uint8_t> ok_;
 };
 
 }  // namespace dflash2

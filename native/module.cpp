@@ -6,6 +6,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/function.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -50,6 +51,8 @@ nb::ndarray<nb::numpy, T> to_numpy(std::vector<T> && v, std::initializer_list<si
 nb::dict stats_dict(const dflash2::Stats & s) {
     nb::dict d;
     d["n_prompt"] = s.n_prompt;
+    d["n_cached"] = s.n_cached;
+    d["n_cache_restored"] = s.n_cache_restored;
     d["n_generated"] = s.n_generated;
     d["n_cycles"] = s.n_cycles;
     d["n_committed_cycles"] = s.n_committed_cycles;
@@ -67,8 +70,12 @@ nb::dict stats_dict(const dflash2::Stats & s) {
     return d;
 }
 
+// (tokens, from_draft, done, logprobs); logprobs: per token (logprob, [(id, logprob), ...]) or
+// an empty list when n_probs == 0.
 nb::tuple chunk_tuple(const dflash2::Chunk & c) {
-    return nb::make_tuple(c.tokens, c.from_draft, c.done);
+    nb::list lp;
+    for (const auto & t : c.logprobs) lp.append(nb::make_tuple(t.logprob, t.top));
+    return nb::make_tuple(c.tokens, c.from_draft, c.done, lp);
 }
 
 }  // namespace
@@ -120,22 +127,31 @@ NB_MODULE(_native, m) {
         .def_rw("flash_attn", &dflash2::EngineOptions::flash_attn)
         .def_rw("kv_f32_draft", &dflash2::EngineOptions::kv_f32_draft)
         .def_rw("repack", &dflash2::EngineOptions::repack)
-        .def_rw("capture", &dflash2::EngineOptions::capture);
+        .def_rw("capture", &dflash2::EngineOptions::capture)
+        .def_rw("cache_ram_mib", &dflash2::EngineOptions::cache_ram_mib);
+
+    // One binding line per field, generated from the one list of sampling options (sampling.h).
+    auto so = nb::class_<dflash2::SamplingOptions>(m, "SamplingOptions").def(nb::init<>());
+#define DFLASH2_BIND_FIELD(type, name) so.def_rw(#name, &dflash2::SamplingOptions::name);
+    DFLASH2_SAMPLING_FIELDS(DFLASH2_BIND_FIELD)
+#undef DFLASH2_BIND_FIELD
+    nb::list sampling_fields;
+#define DFLASH2_FIELD_NAME(type, name) sampling_fields.append(#name);
+    DFLASH2_SAMPLING_FIELDS(DFLASH2_FIELD_NAME)
+#undef DFLASH2_FIELD_NAME
+    m.attr("SAMPLING_FIELDS") = nb::tuple(sampling_fields);
 
     nb::class_<dflash2::GenParams>(m, "GenParams")
         .def(nb::init<>())
         .def_rw("n_predict", &dflash2::GenParams::n_predict)
-        .def_rw("temperature", &dflash2::GenParams::temperature)
-        .def_rw("top_k", &dflash2::GenParams::top_k)
-        .def_rw("top_p", &dflash2::GenParams::top_p)
-        .def_rw("min_p", &dflash2::GenParams::min_p)
-        .def_rw("seed", &dflash2::GenParams::seed)
+        .def_rw("sampling", &dflash2::GenParams::sampling)
         .def_rw("n_draft_max", &dflash2::GenParams::n_draft_max)
         .def_rw("p_min", &dflash2::GenParams::p_min)
         .def_rw("use_drafter", &dflash2::GenParams::use_drafter)
         .def_rw("ignore_eog", &dflash2::GenParams::ignore_eog)
+        .def_rw("cache_prompt", &dflash2::GenParams::cache_prompt)
         .def_rw("stop", &dflash2::GenParams::stop)
-        .def_rw("wrong_acceptance_rule", &dflash2::GenParams::wrong_acceptance_rule);
+        .def_rw("test_fault", &dflash2::GenParams::test_fault);
 
     nb::class_<dflash2::Engine>(m, "Engine")
         .def(nb::init<const dflash2::EngineOptions &>(), "options"_a, nb::call_guard<nb::gil_scoped_release>())
@@ -151,6 +167,15 @@ NB_MODULE(_native, m) {
         .def_prop_ro("capture_path", &dflash2::Engine::capture_path)
         .def_prop_ro("target_arch", &dflash2::Engine::target_arch)
         .def_prop_ro("target_layers", &dflash2::Engine::target_layers)
+        .def_prop_ro("n_cached_tokens", &dflash2::Engine::n_cached_tokens)
+        .def("prompt_cache_info", [](const dflash2::Engine & e) {
+            nb::dict d;
+            const auto * c = e.prompt_cache();
+            d["entries"] = c ? c->size() : 0;
+            d["bytes"] = c ? c->bytes() : 0;
+            d["budget"] = c ? c->budget() : 0;
+            return d;
+        }, "RAM prompt cache: saved entries, their bytes and the byte budget.")
         .def("begin", [](dflash2::Engine & e, const std::vector<int32_t> & prompt, const dflash2::GenParams & gp) {
             dflash2::Chunk c;
             { nb::gil_scoped_release r; c = e.begin(prompt, gp); }

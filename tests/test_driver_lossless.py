@@ -72,7 +72,7 @@ def _run(target, drafter, sp, wrong=False):
     with DFlashDecoder(target, drafter, n_ctx=64, n_threads=1) as dec:
         for seed in range(N_RUNS):
             r = dec.generate(PROMPT, max_tokens=3, sampling=dataclasses.replace(sp, seed=seed), ignore_eos=True,
-                             _wrong_acceptance_rule=wrong)
+                             _test_fault=1 if wrong else 0)
             assert len(r.tokens) == 3
             for i, t in enumerate(r.tokens):
                 counts[i, t] += 1

@@ -1,0 +1,170 @@
+// The drafter (see drafter.h).
+#include "drafter.h"
+
+#include "error.h"
+#include "llama.h"
+#include "llama_ext_pinned.h"
+#include "pairing.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace dflash2 {
+
+Drafter::Drafter(const DrafterOptions & o, llama_context * ctx_tgt, int n_vocab, int n_embd)
+    : o_(o), n_vocab_(n_vocab), n_embd_(n_embd) {
+    try {
+        llama_model_params dp = llama_model_default_params();
+        dp.n_gpu_layers = o.n_gpu_layers;
+        dp.use_extra_bufts = o.repack;
+        model_ = llama_model_load_from_file(o.path.c_str(), dp);
+        if (!model_) throw Error(kErrLoad, "failed to load drafter GGUF '" + o.path + "'");
+        if (llama_model_n_embd(model_) != n_embd || llama_vocab_n_tokens(llama_model_get_vocab(model_)) != n_vocab ||
+            llama_model_dflash_selector_top_k(model_) != o.top_k) {
+            throw Error(kErrIncompatible, "drafter model disagrees with its GGUF metadata");
+        }
+        mask_ = llama_vocab_mask(llama_model_get_vocab(model_));
+        if (mask_ < 0 || mask_ >= n_vocab) throw Error(kErrIncompatible, "drafter has no tokenizer.ggml.mask_token_id");
+        const bool causal = meta_str(model_, "dflash.attention.causal") == "true";
+        n_ctx_ = o.n_ctx;
+        n_ubatch_ = std::max(o.block_size, std::min(256, n_ctx_));
+        llama_context_params dc = llama_context_default_params();
+        dc.n_ctx = (uint32_t) n_ctx_;
+        dc.n_batch = (uint32_t) n_ubatch_;
+        dc.n_ubatch = (uint32_t) n_ubatch_;
+        dc.n_seq_max = 1;
+        dc.n_threads = o.n_threads;
+        dc.n_threads_batch = o.n_threads;
+        dc.flash_attn_type = (llama_flash_attn_type) o.flash_attn;
+        dc.no_perf = true;
+        if (o.kv_f32) { dc.type_k = GGML_TYPE_F32; dc.type_v = GGML_TYPE_F32; }
+        dc.ctx_other = ctx_tgt;
+        ctx_ = llama_init_from_model(model_, dc);
+        if (!ctx_) throw Error(kErrLoad, "failed to create the drafter context");
+        if (o.top_k > 0) llama_set_embeddings_nextn(ctx_, true, /*masked*/ false);
+        llama_set_causal_attn(ctx_, causal);
+        batch_ = llama_batch_ext_init(ctx_);
+    } catch (...) {
+        this->~Drafter();
+        throw;
+    }
+}
+
+Drafter::~Drafter() {
+    if (batch_) { llama_batch_ext_free(batch_); batch_ = nullptr; }
+    if (ctx_) { llama_free(ctx_); ctx_ = nullptr; }
+    if (model_) { llama_model_free(model_); model_ = nullptr; }
+}
+
+void Drafter::inject(const float * feats, int n_rows, int width, int pos0) {
+    for (int off = 0; off < n_rows; off += n_ubatch_) {
+        const int n = std::min(n_ubatch_, n_rows - off);
+        llama_batch_ext_clear(batch_);
+        for (int i = 0; i < n; ++i) {
+            llama_embd e = {feats + (size_t) (off + i) * width, 1, (size_t) width};
+            const int idx = llama_batch_ext_add_embd(batch_, 0, e);
+            if (idx < 0) throw Error(kErrInternal, "llama_batch_ext_add_embd failed (" + std::to_string(idx) + ")");
+            const llama_pos p = pos0 + off + i;
+            const llama_pos pa[4] = {p, p, p, 0};
+            llama_batch_ext_set_pos(batch_, idx, pa);
+        }
+        const int rc = llama_process(ctx_, LLAMA_PROCESS_TYPE_DECODE, batch_);
+        if (rc != 0) throw Error(kErrDecode, "drafter feature injection failed (rc " + std::to_string(rc) + ")", rc);
+    }
+}
+
+void Drafter::run_block(int32_t anchor, int pos0) {
+    llama_batch_ext_clear(batch_);
+    for (int i = 0; i < o_.block_size; ++i) {
+        const int idx = llama_batch_ext_add_token(batch_, 0, i == 0 ? anchor : mask_);
+        if (idx < 0) throw Error(kErrInternal, "llama_batch_ext_add_token failed (" + std::to_string(idx) + ")");
+        const llama_pos p = pos0 + i;
+        const llama_pos pa[4] = {p, p, p, 0};
+        llama_batch_ext_set_pos(batch_, idx, pa);
+        llama_batch_ext_set_output_logits(batch_, idx, true);
+    }
+    const int rc = llama_process(ctx_, LLAMA_PROCESS_TYPE_DECODE, batch_);
+    if (rc != 0) throw Error(kErrDecode, "drafter block pass failed (rc " + std::to_string(rc) + ")", rc);
+    llama_synchronize(ctx_);
+}
+
+void Drafter::remove_from(int pos) { llama_memory_seq_rm(llama_get_memory(ctx_), 0, pos, -1); }
+
+void Drafter::clear() { llama_memory_clear(llama_get_memory(ctx_), true); }
+
+int Drafter::draft(int32_t anchor, int pos0, int k_max, const SamplingOptions & so, const SamplerState & state,
+                   Rng & rng, float p_min, std::vector<DraftRow> & out) {
+    run_block(anchor, pos0);
+    out.clear();
+    const bool greedy = so.greedy();
+    const int nd = o_.block_size - 1;
+    SamplerState st = state;  // advanced with the drafts (grammar)
+    if (o_.top_k > 0) {
+        const int K = o_.top_k;
+        const float * lat = llama_get_embeddings_nextn(ctx_);
+        if (!lat) throw Error(kErrInternal, "DFlash 2 drafter produced no selector lattice");
+        std::vector<int32_t> cand(K);
+        int pred = 0;  // row 1's scores repeat the anchor's for every predecessor slot
+        for (int i = 1; i <= nd && (int) out.size() < k_max; ++i) {
+            const float * row = lat + (size_t) i * n_embd_;
+            const float * scores = row + K + (size_t) pred * K;
+            for (int b = 0; b < K; ++b) cand[b] = (int32_t) row[b];
+            st.allowed(cand.data(), K, ok_);
+            float mx = -INFINITY;
+            int best = -1;
+            for (int b = 0; b < K; ++b) {
+                if (ok_[b] && scores[b] > mx) { mx = scores[b]; best = b; }
+            }
+            if (best < 0) break;  // the grammar leaves no candidate
+            DraftRow d;
+            int j = best;
+            if (!greedy) {
+                // q = softmax(S / T) over the allowed candidates
+                d.q.assign(K, 0.0f);
+                double z = 0;
+                for (int b = 0; b < K; ++b) if (ok_[b]) z += std::exp(((double) scores[b] - mx) / so.temperature);
+                for (int b = 0; b < K; ++b) if (ok_[b]) d.q[b] = (float) (std::exp(((double) scores[b] - mx) / so.temperature) / z);
+                j = rng.draw(d.q);
+                d.cand = cand;
+            }
+            if (p_min > 0.0f) {  // temperature-1 probability of the chosen candidate
+                double z = 0;
+                for (int b = 0; b < K; ++b) if (ok_[b]) z += std::exp((double) scores[b] - scores[j]);
+                if (1.0 / z < p_min) break;
+            }
+            d.token = cand[j];
+            d.slot = j;
+            out.push_back(std::move(d));
+            if (st.has_grammar()) st.accept(cand[j]);
+            pred = j;
+        }
+    } else {
+        for (int i = 1; i <= nd && (int) out.size() < k_max; ++i) {
+            const float * lg = llama_get_logits_ith(ctx_, i);
+            st.process(lg, n_vocab_, buf_, /*grammar*/ true);  // the target's bias / penalties / grammar
+            DraftRow d;
+            int32_t t;
+            if (greedy) {
+                t = argmax(buf_.data(), n_vocab_);
+            } else {
+                truncated_probs(buf_.data(), n_vocab_, so, d.q);
+                t = rng.draw(d.q);
+            }
+            if (t < 0 || buf_[t] == -INFINITY) break;  // nothing allowed
+            if (p_min > 0.0f) {
+                const float mx = *std::max_element(buf_.begin(), buf_.end());
+                double z = 0;
+                for (int v = 0; v < n_vocab_; ++v) z += std::exp((double) buf_[v] - mx);
+                if (std::exp((double) buf_[t] - mx) / z < p_min) break;
+            }
+            d.token = t;
+            d.slot = t;
+            out.push_back(std::move(d));
+            if (st.has_grammar()) st.accept(t);
+        }
+    }
+    remove_from(pos0);  // drop the block's K/V
+    return (int) out.size();
+}
+
+}  // namespace dflash2

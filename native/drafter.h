@@ -1,0 +1,75 @@
+// The drafter (drafter.cpp): a dflash GGUF whose context borrows the target's embeddings and LM
+// head (ctx_other = the target context). It holds the injected target features in its KV cache
+// and drafts a block: [anchor, mask x (bs-1)] at P..P+bs-1 in one non-causal pass (causal only
+// when the GGUF says so), then reads the drafts:
+//   DFlash 2: walks the candidate-selector lattice (row i: top-k candidate ids, then scores of
+//             every (predecessor slot, candidate) pair; row 1 repeats the anchor's scores); greedy
+//             takes the best candidate after the previous one, sampling draws from
+//             softmax(S / T) over the candidates (dflash 0.1.0 CandidateSelector.select);
+//   DFlash 1: the draft logits of rows 1.., greedy or drawn from the processed distribution.
+// With a grammar, candidates the grammar rejects get q = 0 (q renormalised over the rest) and the
+// walk stops where none is left. Each DraftRow carries exactly the q its token was drawn from.
+// The block's K/V is removed before returning (only injected features stay in the cache).
+#pragma once
+
+#include "acceptance.h"
+#include "sampling.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+struct llama_model;
+struct llama_context;
+struct llama_batch_ext;
+
+namespace dflash2 {
+
+struct DrafterOptions {
+    std::string path;
+    int n_ctx = 0, n_threads = 1, n_gpu_layers = 0, flash_attn = -1;
+    bool repack = true, kv_f32 = false;
+    int block_size = 0, top_k = 0;  // from the validated metadata
+};
+
+class Drafter {
+  public:
+    // Loads the model and creates its context on top of ctx_tgt. Throws Error(kErrLoad /
+    // kErrIncompatible).
+    Drafter(const DrafterOptions & o, llama_context * ctx_tgt, int n_vocab, int n_embd);
+    ~Drafter();
+    Drafter(const Drafter &) = delete;
+    Drafter & operator=(const Drafter &) = delete;
+
+    // Inject n_rows feature rows ([n_rows x width] floats) at positions pos0.. (batched by ubatch).
+    void inject(const float * feats, int n_rows, int width, int pos0);
+    // One block pass at pos0 (every row an output: flagging only some rows shifts
+    // llama_get_logits_ith by one). The caller reads logits / lattice, then calls drop_block.
+    void run_block(int32_t anchor, int pos0);
+    // Draft at most k_max tokens after `anchor` at position pos0 into `out` (cleared first).
+    // `state`: the committed sampler state (grammar / bias / penalties, cloned here; may be
+    // without grammar). p_min > 0 stops at the first draft whose temperature-1 probability is
+    // below it. Returns the number of drafts.
+    int draft(int32_t anchor, int pos0, int k_max, const SamplingOptions & so, const SamplerState & state, Rng & rng,
+              float p_min, std::vector<DraftRow> & out);
+    // Remove cells >= pos from the drafter cache (the block, or rows past a cached prefix).
+    void remove_from(int pos);
+    void clear();
+
+    llama_context * ctx() const { return ctx_; }
+    int n_ctx() const { return n_ctx_; }
+    int block_size() const { return o_.block_size; }
+    int top_k() const { return o_.top_k; }
+    int mask_token() const { return mask_; }
+
+  private:
+    DrafterOptions o_;
+    llama_model * model_ = nullptr;
+    llama_context * ctx_ = nullptr;
+    llama_batch_ext * batch_ = nullptr;
+    int n_vocab_ = 0, n_embd_ = 0, n_ctx_ = 0, n_ubatch_ = 0, mask_ = -1;
+    std::vector<float> buf_;
+    std::vector<uint8_t> ok_;
+};
+
+}  // namespace dflash2

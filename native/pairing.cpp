@@ -1,0 +1,129 @@
+// Pairing and validation (see pairing.h).
+#include "pairing.h"
+
+#include "error.h"
+#include "gguf.h"
+#include "llama.h"
+#include "llama_ext_pinned.h"
+
+namespace dflash2 {
+
+// Target architectures whose graph records layer inputs (res->t_layer_inp[il]) at 0c1e570:
+// the model classes in src/models/*.cpp that assign t_layer_inp, mapped to their arch names in
+// src/llama-model.cpp / src/llama-arch.cpp. Any other architecture ABORTS the process inside
+// libllama when layer-input extraction is enabled, so it gets the cb_eval path instead.
+const std::set<std::string> & layer_inp_archs() {
+    static const std::set<std::string> s = {
+        "llama", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "qwen4exp", "lfm2",
+        "muse-glimmer", "gpt-oss", "deepseek4", "minimax-01", "minimax-m2", "bailingmoe3",
+        "nemotron_h", "nanbeige", "hunyuan_vl", "mimo2", "gemma4",
+    };
+    return s;
+}
+
+std::string meta_str(const llama_model * m, const char * key) {
+    char buf[512];
+    const int32_t n = llama_model_meta_val_str(m, key, buf, sizeof(buf));
+    return n < 0 ? std::string() : std::string(buf);
+}
+
+namespace {
+
+int64_t gguf_int(const gguf_context * g, const char * key, int64_t dflt) {
+    const int64_t id = gguf_find_key(g, key);
+    if (id < 0) return dflt;
+    switch (gguf_get_kv_type(g, id)) {
+        case GGUF_TYPE_UINT8:  return gguf_get_val_u8(g, id);
+        case GGUF_TYPE_INT8:   return gguf_get_val_i8(g, id);
+        case GGUF_TYPE_UINT16: return gguf_get_val_u16(g, id);
+        case GGUF_TYPE_INT16:  return gguf_get_val_i16(g, id);
+        case GGUF_TYPE_UINT32: return gguf_get_val_u32(g, id);
+        case GGUF_TYPE_INT32:  return gguf_get_val_i32(g, id);
+        case GGUF_TYPE_UINT64: return (int64_t) gguf_get_val_u64(g, id);
+        case GGUF_TYPE_INT64:  return gguf_get_val_i64(g, id);
+        default: return dflt;
+    }
+}
+
+}  // namespace
+
+DrafterMeta read_drafter_meta(const std::string & path) {
+    gguf_init_params ip = {/*no_alloc*/ true, /*ctx*/ nullptr};
+    gguf_context * g = gguf_init_from_file(path.c_str(), ip);
+    if (!g) throw Error(kErrLoad, "cannot read drafter GGUF '" + path + "' (missing or not a GGUF file)");
+    DrafterMeta m;
+    const int64_t ia = gguf_find_key(g, "general.architecture");
+    if (ia >= 0 && gguf_get_kv_type(g, ia) == GGUF_TYPE_STRING) m.arch = gguf_get_val_str(g, ia);
+    m.n_embd     = gguf_int(g, "dflash.embedding_length", -1);
+    m.block_size = gguf_int(g, "dflash.block_size", -1);
+    m.top_k      = gguf_int(g, "dflash.selector_top_k", 0);
+    const int64_t it = gguf_find_key(g, "tokenizer.ggml.tokens");
+    if (it >= 0 && gguf_get_kv_type(g, it) == GGUF_TYPE_ARRAY) m.n_vocab = (int64_t) gguf_get_arr_n(g, it);
+    const int64_t il = gguf_find_key(g, "dflash.target_layers");
+    if (il >= 0 && gguf_get_kv_type(g, il) == GGUF_TYPE_ARRAY) {
+        const size_t n = gguf_get_arr_n(g, il);
+        const gguf_type t = gguf_get_arr_type(g, il);
+        const void * d = gguf_get_arr_data(g, il);
+        for (size_t i = 0; i < n; ++i) {
+            if (t == GGUF_TYPE_INT32) m.target_layers.push_back(((const int32_t *) d)[i]);
+            else if (t == GGUF_TYPE_UINT32) m.target_layers.push_back((int32_t) ((const uint32_t *) d)[i]);
+            else if (t == GGUF_TYPE_INT64) m.target_layers.push_back((int32_t) ((const int64_t *) d)[i]);
+        }
+    }
+    gguf_free(g);
+    return m;
+}
+
+
+std::string validate_pairing(const DrafterMeta & dm, const std::string & drafter_path, const llama_model * target,
+                             const std::string & capture) {
+    if (dm.arch != "dflash") {
+        throw Error(kErrIncompatible, "drafter '" + drafter_path + "' has general.architecture '" + dm.arch +
+                                          "', expected 'dflash'");
+    }
+    const std::string arch = meta_str(target, "general.architecture");
+    const int64_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(target));
+    const int64_t n_embd = llama_model_n_embd(target);
+    const int64_t n_layer = llama_model_n_layer(target);
+    if (llama_model_is_recurrent(target) || llama_model_is_hybrid(target)) {
+        throw Error(kErrUnsupported, "target architecture '" + arch +
+            "' is recurrent/hybrid: rolling back rejected drafts needs state checkpoints, "
+            "which this driver does not implement; run this target without a drafter (-md none)");
+    }
+    if (dm.n_vocab != n_vocab) {
+        throw Error(kErrIncompatible, "vocabulary mismatch: drafter has " + std::to_string(dm.n_vocab) +
+            " tokens, target has " + std::to_string(n_vocab));
+    }
+    if (dm.n_embd != n_embd) {
+        throw Error(kErrIncompatible, "hidden size mismatch: drafter dflash.embedding_length = " +
+            std::to_string(dm.n_embd) + ", target hidden size = " + std::to_string(n_embd));
+    }
+    if (dm.target_layers.empty()) {
+        throw Error(kErrIncompatible, "drafter has no dflash.target_layers");
+    }
+    for (int32_t lid : dm.target_layers) {
+        // lid = HF layer id + 1 = the target's layer-input index; the last layer's output
+        // (lid == n_layer) is neither recorded as a layer input nor unpruned in cb_eval.
+        if (lid < 1 || lid >= n_layer) {
+            throw Error(kErrIncompatible, "drafter target layer (HF id " + std::to_string(lid - 1) +
+                ", GGUF value " + std::to_string(lid) + ") is outside the target's usable layers: HF ids 0.." +
+                std::to_string(n_layer - 2) + " for a " + std::to_string(n_layer) + "-layer target");
+        }
+    }
+    if (dm.top_k > 0 && dm.n_embd < dm.top_k * (dm.top_k + 1)) {
+        throw Error(kErrIncompatible, "DFlash 2 drafter too narrow: hidden size " + std::to_string(dm.n_embd) +
+            " < selector_top_k*(selector_top_k+1) = " + std::to_string(dm.top_k * (dm.top_k + 1)) +
+            " (the selector lattice is packed into the hidden-size output rows)");
+    }
+    if (dm.top_k > n_vocab) throw Error(kErrIncompatible, "selector_top_k exceeds the vocabulary");
+    if (dm.block_size < 2) throw Error(kErrIncompatible, "drafter has no usable dflash.block_size");
+    const bool rec = layer_inp_archs().count(arch) > 0;
+    if (capture == "layer_inp" && !rec) {
+        throw Error(kErrUnsupported, "target architecture '" + arch +
+            "' does not record layer inputs in llama.cpp 0c1e570 (enabling them would abort the process); "
+            "use capture='cb_eval' or 'auto'");
+    }
+    return capture == "auto" ? (rec ? "layer_inp" : "cb_eval") : capture;
+}
+
+}  // namespace dflash2
