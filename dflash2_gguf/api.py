@@ -33,7 +33,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 from .sampling import SamplingParams
 
-__all__ = ["DFlashDecoder", "GenerationResult", "GenerationStats", "StreamChunk"]
+__all__ = ["DFlashDecoder", "GenerationResult", "GenerationStats", "StreamChunk", "TokenLogprob"]
 
 Prompt = Union[str, Sequence[int]]
 
@@ -44,6 +44,10 @@ class GenerationStats:
 
     Attributes:
         n_prompt: Prompt tokens.
+        n_cached: Prompt tokens reused from the prompt cache, not prefilled (llama-server's
+            ``timings.cache_n``, OpenAI's ``usage.prompt_tokens_details.cached_tokens``).
+        n_cache_restored: Of those, tokens restored from the RAM prompt cache (0 when the reused
+            prefix was the one live in the contexts).
         n_generated: Generated tokens (including a final EOG token).
         n_cycles: Target verification passes after the prefill (one per draft/verify cycle).
         n_drafted: Draft tokens sent to verification (after ``n_draft_max`` / ``p_min`` / budget
@@ -81,6 +85,8 @@ class GenerationStats:
     tokens_per_second: float
     decode_tokens_per_second: float
     stop_reason: str
+    n_cached: int = 0
+    n_cache_restored: int = 0
 
     @classmethod
     def _from_native(cls, d: Mapping[str, Any]) -> "GenerationStats":
@@ -91,6 +97,8 @@ class GenerationStats:
         n = int(d["n_generated"])
         return cls(
             n_prompt=int(d["n_prompt"]),
+            n_cached=int(d["n_cached"]),
+            n_cache_restored=int(d["n_cache_restored"]),
             n_generated=n,
             n_cycles=cyc,
             n_drafted=int(d["n_drafted"]),
@@ -112,6 +120,29 @@ class GenerationStats:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """Log-probability of one generated token under the target's distribution after logit bias,
+    penalties and grammar (before top-k / top-p / min-p and temperature), and the most likely
+    alternatives at that position (``SamplingParams.n_probs`` of them). The same numbers with or
+    without a drafter: they come from the verify row that committed the token, conditioned on the
+    text before it.
+
+    Attributes:
+        token: The token id.
+        logprob: Its natural-log probability.
+        top: ``[(token id, logprob), ...]``, most likely first (ties: lower id first).
+    """
+
+    token: int
+    logprob: float
+    top: list
+
+    @classmethod
+    def _from_native(cls, token: int, lp: tuple) -> "TokenLogprob":
+        return cls(token=int(token), logprob=float(lp[0]), top=[(int(t), float(v)) for t, v in lp[1]])
+
+
+@dataclass(frozen=True)
 class GenerationResult:
     """Output of :meth:`DFlashDecoder.generate`.
 
@@ -121,12 +152,14 @@ class GenerationResult:
         from_draft: Per token, True when it was an accepted draft, False when the target sampled
             it (the prefill's token and each cycle's bonus).
         stats: :class:`GenerationStats`.
+        logprobs: Per token a :class:`TokenLogprob` when ``n_probs > 0``, else None.
     """
 
     text: str
     tokens: list
     from_draft: list
     stats: GenerationStats
+    logprobs: Optional[list] = None
 
     @property
     def finish_reason(self) -> str:
@@ -144,6 +177,7 @@ class StreamChunk:
         from_draft: Per token, whether it was an accepted draft.
         done: True on the last chunk; ``stats`` is then set.
         stats: :class:`GenerationStats` on the last chunk, else None.
+        logprobs: Per token a :class:`TokenLogprob` when ``n_probs > 0``, else None.
     """
 
     text: str
@@ -151,6 +185,7 @@ class StreamChunk:
     from_draft: list
     done: bool
     stats: Optional[GenerationStats] = None
+    logprobs: Optional[list] = None
 
 
 def _cut_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
@@ -180,6 +215,11 @@ class DFlashDecoder:
             T = 0" in the README.
         kv_f32_draft: F32 drafter K/V cache instead of F16 (bit-level parity work).
         capture: ``"auto"`` | ``"layer_inp"`` | ``"cb_eval"`` feature capture path.
+        cache_ram_mib: Budget of the RAM prompt cache in MiB (llama-server's ``--cache-ram``; 0
+            turns it off): prefixes (target KV + drafter state) saved before the live prompt
+            cache is overwritten, restored when a later prompt shares more with one of them, so
+            that a short side request does not evict a long conversation. Least recently used
+            entries go first.
         verbose: Print llama.cpp's own log (model loading, contexts) to stderr; otherwise only
             its errors. The setting is process-wide (``llama_log_set``).
 
@@ -211,6 +251,7 @@ class DFlashDecoder:
         kv_f32_draft: bool = False,
         repack: bool = True,
         capture: str = "auto",
+        cache_ram_mib: int = 1024,
         verbose: bool = False,
     ) -> None:
         self._engine = None
@@ -239,6 +280,9 @@ class DFlashDecoder:
         o.kv_f32_draft = bool(kv_f32_draft)
         o.repack = bool(repack)
         o.capture = capture
+        if int(cache_ram_mib) < 0:
+            raise ValueError("cache_ram_mib must be >= 0 (0 disables the RAM prompt cache)")
+        o.cache_ram_mib = int(cache_ram_mib)
         self.target_path = str(target)
         self.drafter_path = None if drafter is None else str(drafter)
         self._engine = n.Engine(o)
@@ -389,7 +433,7 @@ class DFlashDecoder:
     # ------------------------------------------------------------------ generation
 
     def _params(self, max_tokens: int, sampling: Optional[SamplingParams], stop, n_draft_max, p_min,
-                use_drafter, ignore_eos, overrides: Mapping[str, Any], _wrong_acceptance_rule: bool):
+                use_drafter, ignore_eos, cache_prompt, overrides: Mapping[str, Any], test_fault: int):
         sp = sampling if sampling is not None else SamplingParams()
         if overrides:
             bad = set(overrides) - {f.name for f in dataclasses.fields(SamplingParams)}
@@ -402,21 +446,19 @@ class DFlashDecoder:
             raise ValueError("p_min must be in [0, 1]")
         from ._native_loader import native
 
-        g = native().GenParams()
+        n = native()
+        g = n.GenParams()
+        g.sampling = sp.to_native(n.SamplingOptions)
         g.n_predict = int(max_tokens)
-        g.temperature = float(sp.temperature)
-        g.top_k = int(sp.top_k)
-        g.top_p = float(sp.top_p)
-        g.min_p = float(sp.min_p)
-        g.seed = int(sp.seed) if sp.seed is not None else int.from_bytes(os.urandom(8), "little")
         g.n_draft_max = -1 if n_draft_max is None else int(n_draft_max)
         g.p_min = float(p_min)
         g.use_drafter = bool(use_drafter)
         g.ignore_eog = bool(ignore_eos)
+        g.cache_prompt = bool(cache_prompt)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         g.stop = stops
-        g.wrong_acceptance_rule = bool(_wrong_acceptance_rule)
-        return g, stops
+        g.test_fault = int(test_fault)
+        return g, stops, sp.n_probs > 0
 
     def generate(
         self,
@@ -430,8 +472,9 @@ class DFlashDecoder:
         p_min: float = 0.0,
         use_drafter: bool = True,
         ignore_eos: bool = False,
+        cache_prompt: bool = True,
         stream: bool = False,
-        _wrong_acceptance_rule: bool = False,
+        _test_fault: int = 0,
         **sampling_overrides: Any,
     ) -> Union[GenerationResult, Iterator[StreamChunk]]:
         """Generate from a prompt string, token ids, or chat messages.
@@ -450,9 +493,15 @@ class DFlashDecoder:
                 selector scores at temperature 1; v1: softmax of the draft logits) is < p_min.
             use_drafter: False runs the target alone through the same loop.
             ignore_eos: Do not stop on end-of-generation tokens.
+            cache_prompt: Reuse the longest common token prefix with what the decoder holds (the
+                last generation's prompt and output, or a prefix saved in the RAM prompt cache):
+                only the rest of the prompt is prefilled (``stats.n_cached`` tells how many were
+                reused). False prefills the whole prompt (llama-server's ``cache_prompt``).
             stream: Return an iterator of :class:`StreamChunk` instead of a result.
-            **sampling_overrides: ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``,
-                applied on top of ``sampling``.
+            _test_fault: TEST HOOK of the lossless tests' negative controls
+                (``native/acceptance.h`` ``TestFault``); never set it otherwise.
+            **sampling_overrides: Any :class:`SamplingParams` field (``temperature``,
+                ``presence_penalty``, ``grammar``, ``n_probs``, ...), applied on top of ``sampling``.
 
         Returns:
             :class:`GenerationResult`, or an iterator of :class:`StreamChunk` when ``stream``.
@@ -462,19 +511,25 @@ class DFlashDecoder:
             DecodeError: libllama failed (``rc`` carried); ClosedError: decoder closed.
         """
         ids = self._prompt_ids(prompt, messages)
-        g, stops = self._params(max_tokens, sampling, stop, n_draft_max, p_min, use_drafter, ignore_eos,
-                                sampling_overrides, _wrong_acceptance_rule)
+        g, stops, want_lp = self._params(max_tokens, sampling, stop, n_draft_max, p_min, use_drafter, ignore_eos,
+                                         cache_prompt, sampling_overrides, _test_fault)
         if stream:
             return self._stream(ids, g, stops)
         eng = self.engine
+        logprobs: Optional[list] = [] if want_lp else None
+
+        def on_chunk(chunk: tuple) -> bool:
+            logprobs.extend(TokenLogprob._from_native(t, lp) for t, lp in zip(chunk[0], chunk[3]))
+            return True
+
         with self._lock:
-            out = list(eng.generate(ids, g))
+            out = list(eng.generate(ids, g, on_chunk if want_lp else None))
             from_draft = list(eng.from_draft())
             stats = GenerationStats._from_native(eng.stats())
         text = self.detokenize(out)
         if stops:
             text, _ = _cut_stop(text, stops)
-        return GenerationResult(text=text, tokens=out, from_draft=from_draft, stats=stats)
+        return GenerationResult(text=text, tokens=out, from_draft=from_draft, stats=stats, logprobs=logprobs)
 
     def stream(self, prompt: Optional[Prompt] = None, **kwargs: Any) -> Iterator[StreamChunk]:
         """Same as ``generate(..., stream=True)``."""
@@ -484,7 +539,7 @@ class DFlashDecoder:
         eng = self.engine
         dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
         with self._lock:
-            toks, fd, done = eng.begin(ids, g)
+            toks, fd, done, lps = eng.begin(ids, g)
             all_toks = list(toks)
             emitted = ""
             raw_prev = b""
@@ -496,8 +551,10 @@ class DFlashDecoder:
                     text, _ = _cut_stop(text, stops)
                 delta, emitted = text[len(emitted):], text
                 stats = GenerationStats._from_native(eng.stats()) if done else None
-                yield StreamChunk(text=delta, tokens=list(toks), from_draft=[bool(x) for x in fd], done=done, stats=stats)
+                lp = [TokenLogprob._from_native(t, x) for t, x in zip(toks, lps)] if lps else None
+                yield StreamChunk(text=delta, tokens=list(toks), from_draft=[bool(x) for x in fd], done=done, stats=stats,
+                                  logprobs=lp)
                 if done:
                     return
-                toks, fd, done = eng.step()
+                toks, fd, done, lps = eng.step()
                 all_toks += toks
