@@ -16,7 +16,7 @@ import json
 import sys
 from typing import Optional, Sequence
 
-__all__ = ["main", "SUBCOMMANDS", "build_parser", "add_model_args", "add_sampling_args", "decoder_kwargs", "FLASH_ATTN"]
+__all__ = ["main", "SUBCOMMANDS", "build_parser", "add_model_args", "add_sampling_args", "sampling_from_args", "parse_logit_bias", "decoder_kwargs", "FLASH_ATTN"]
 
 
 # ---------------------------------------------------------------------------- shared helpers
@@ -41,12 +41,76 @@ def add_model_args(p: argparse.ArgumentParser, *, drafter_required: bool = True)
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    """``--temp/--top-k/--top-p/--min-p/--seed`` (defaults: llama-cpp-python's)."""
-    p.add_argument("--temp", type=float, default=0.8, help="temperature (0 = greedy)")
-    p.add_argument("--top-k", type=int, default=40, help="top-k (0 = off)")
-    p.add_argument("--top-p", type=float, default=0.95, help="top-p (1 = off)")
-    p.add_argument("--min-p", type=float, default=0.05, help="min-p (0 = off)")
-    p.add_argument("--seed", type=int, default=None, help="RNG seed (default: random)")
+    """Every :class:`~dflash2_gguf.sampling.SamplingParams` option under llama.cpp's flag names:
+    the scalar ones from the fields' metadata (one place to add a knob), plus ``-l/--logit-bias``,
+    ``--grammar``, ``--grammar-file``, ``-j/--json-schema`` and ``-jf/--json-schema-file``.
+    Defaults: the dataclass's (llama-cpp-python's)."""
+    import dataclasses
+
+    from .sampling import SamplingParams
+
+    for f in dataclasses.fields(SamplingParams):
+        meta = f.metadata
+        if "flag" in meta:
+            typ = float if f.type in ("float", float) else int
+            p.add_argument(meta["flag"], dest=meta["flag"].lstrip("-").replace("-", "_"), type=typ,
+                           default=f.default, help=f"{meta['help']} (default: {f.default})")
+    p.add_argument("-l", "--logit-bias", action="append", default=None, metavar="TOKEN_ID(+/-)BIAS",
+                   help="add BIAS to the logit of TOKEN_ID, e.g. '15043+1' or '15043-inf' (repeatable)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--grammar", default=None, help="GBNF grammar the output must follow (root rule 'root')")
+    g.add_argument("--grammar-file", default=None, help="file with a GBNF grammar")
+    g.add_argument("-j", "--json-schema", default=None, help="JSON schema the output must follow (e.g. '{}' = any JSON)")
+    g.add_argument("-jf", "--json-schema-file", default=None, help="file with a JSON schema")
+
+
+def parse_logit_bias(items) -> dict:
+    """llama.cpp's ``-l TOKEN_ID(+/-)BIAS`` strings -> ``{token id: bias}`` (``-inf`` bans).
+
+    Raises:
+        ValueError: an item that is not of that form (the message shows the expected one).
+    """
+    import re
+
+    out = {}
+    for it in items or []:
+        m = re.fullmatch(r"\s*(\d+)\s*([+-])\s*(inf|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)\s*", str(it))
+        if not m:
+            raise ValueError(f"logit bias {it!r}: expected TOKEN_ID(+/-)BIAS, e.g. 15043+1 or 15043-inf")
+        v = float(m.group(3))
+        out[int(m.group(1))] = -v if m.group(2) == "-" else v
+    return out
+
+
+def sampling_from_args(args: argparse.Namespace):
+    """The :class:`~dflash2_gguf.sampling.SamplingParams` of :func:`add_sampling_args` flags.
+
+    Raises:
+        SystemExit: an unreadable grammar / schema file, a bad logit bias or schema.
+    """
+    import dataclasses
+
+    from .grammar import json_schema_to_grammar
+    from .sampling import SamplingParams
+
+    kw = {}
+    for f in dataclasses.fields(SamplingParams):
+        if "flag" in f.metadata:
+            kw[f.name] = getattr(args, f.metadata["flag"].lstrip("-").replace("-", "_"))
+    try:
+        kw["logit_bias"] = parse_logit_bias(args.logit_bias) or None
+        if args.grammar_file:
+            kw["grammar"] = open(args.grammar_file, encoding="utf-8").read()
+        elif args.grammar:
+            kw["grammar"] = args.grammar
+        schema = args.json_schema
+        if args.json_schema_file:
+            schema = open(args.json_schema_file, encoding="utf-8").read()
+        if schema is not None:
+            kw["grammar"] = json_schema_to_grammar(schema)
+        return SamplingParams(**kw)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: {e}") from e
 
 
 #: ``-fa`` word -> ``DFlashDecoder(flash_attn=...)`` (None = llama.cpp's auto)
@@ -89,11 +153,9 @@ def _generate_args(p: argparse.ArgumentParser) -> None:
 
 
 def _generate_run(args: argparse.Namespace) -> int:
-    from .sampling import SamplingParams
-
     if args.n_predict < 1:
         raise SystemExit("error: -n must be >= 1")
-    sp = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
+    sp = sampling_from_args(args)
     kw = dict(max_tokens=args.n_predict, sampling=sp, stop=args.stop, n_draft_max=args.spec_draft_n_max,
               p_min=args.spec_draft_p_min, ignore_eos=args.ignore_eos)
     if args.chat:
@@ -121,6 +183,9 @@ def _generate_run(args: argparse.Namespace) -> int:
                 "t_prefill_s": st.t_prefill_s, "t_target_s": st.t_target_s, "t_draft_s": st.t_draft_s,
                 "t_inject_s": st.t_inject_s, "t_total_s": st.t_total_s,
                 "stop_reason": st.stop_reason,
+                "n_cached": st.n_cached,
+                "logprobs": None if res.logprobs is None else [
+                    {"token": lp.token, "logprob": lp.logprob, "top": [[t, v] for t, v in lp.top]} for lp in res.logprobs],
                 "drafter_version": dec.drafter_version,
                 "capture_path": dec.capture_path,
             }

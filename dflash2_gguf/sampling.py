@@ -25,12 +25,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
 __all__ = ["SamplingParams", "apply_penalties", "processed_probs", "rejection_step", "residual"]
+
+
+def _flag(flag: str, help: str) -> dict:
+    """Field metadata: the llama.cpp command-line flag of a scalar option (the CLI reads it)."""
+    return {"flag": flag, "help": help}
 
 
 @dataclass(frozen=True)
@@ -71,19 +76,20 @@ class SamplingParams:
             by default).
     """
 
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    seed: Optional[int] = None
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    temperature: float = field(default=0.8, metadata=_flag("--temp", "temperature (0 = greedy)"))
+    top_k: int = field(default=40, metadata=_flag("--top-k", "top-k (0 = off)"))
+    top_p: float = field(default=0.95, metadata=_flag("--top-p", "top-p (1 = off)"))
+    min_p: float = field(default=0.05, metadata=_flag("--min-p", "min-p (0 = off)"))
+    seed: Optional[int] = field(default=None, metadata=_flag("--seed", "RNG seed (default: random)"))
+    repeat_penalty: float = field(default=1.0, metadata=_flag("--repeat-penalty", "repetition penalty (1 = off)"))
+    repeat_last_n: int = field(default=64, metadata=_flag("--repeat-last-n",
+                                                          "penalty window in tokens (0 = off, -1 = context size)"))
+    presence_penalty: float = field(default=0.0, metadata=_flag("--presence-penalty", "presence penalty (0 = off)"))
+    frequency_penalty: float = field(default=0.0, metadata=_flag("--frequency-penalty", "frequency penalty (0 = off)"))
     penalize_prompt: bool = True
     logit_bias: Optional[Mapping[int, float]] = None
     grammar: Optional[str] = None
-    n_probs: int = 0
+    n_probs: int = field(default=0, metadata=_flag("--n-probs", "report logprobs of the N most likely tokens"))
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0):

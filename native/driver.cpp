@@ -446,8 +446,10 @@ Chunk Engine::step() {
     // roll back: the target keeps anchor + accepted drafts; the last committed token is the next anchor
     n_past_ = P + a + 1;
     llama_memory_seq_rm(llama_get_memory(ctx_tgt_), 0, n_past_, -1);
+    // (also on the last cycle: the next request's prompt cache then reuses the drafter's features
+    // up to the same token as the target's KV)
     const int fit = std::min(a + 1, n_ctx_dft_ - P);
-    if (drafting && !done_ && fit > 0 && n_dft_valid_ == P) {
+    if (drafting && fit > 0 && n_dft_valid_ == P) {
         t0 = now_ms();
         inject_rows(0, fit, P);
         n_dft_valid_ = P + fit;
