@@ -598,12 +598,7 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
                                                    "invalid_api_key"))
             return await call_next(request)
 
-    @app.middleware("http")
-    async def _options(request: Request, call_next):
-        """Any OPTIONS that is not a CORS preflight: an empty 200, as llama-server answers."""
-        if request.method == "OPTIONS":
-            return Response(status_code=200)
-        return await call_next(request)
+    app.add_middleware(_PlainOptions)
 
     # CORS outermost: preflights are answered before auth, errors carry the CORS headers too.
     origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
@@ -956,6 +951,21 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
         return _event_stream(svc.stream(jobs, on_chunk, on_done, done_line=False, on_start=on_start))
 
     return app
+
+
+class _PlainOptions:
+    """ASGI middleware: any OPTIONS that is not a CORS preflight gets an empty 200, as
+    llama-server answers it (pure ASGI, so that ``request.is_disconnected()`` keeps working,
+    which Starlette's ``BaseHTTPMiddleware`` would break)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "OPTIONS":
+            await Response(status_code=200)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def _chat_opts(body: Any) -> dict:
