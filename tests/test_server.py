@@ -710,3 +710,18 @@ def test_llama_server_compat_report_logic(tmp_path):
     assert [(x["case"], x["what"], bool(x["documented"])) for x in d] == \
         [("x", "b", False), ("x", "error.param", True), ("y", "status", False)]
     assert "2 not documented" in report_markdown(d, 2)
+
+
+def test_live_n_probs_and_cached_tokens(live):
+    """llama-server's n_probs shape on /completion, OpenAI logprobs on chat, and the prompt cache
+    counts (timings.cache_n, usage.prompt_tokens_details.cached_tokens) on a repeated prompt."""
+    j = httpx.post(live.url + "/completion", json={"prompt": PROMPTS[0], "n_predict": 3, "temperature": 0,
+                                                   "n_probs": 2}, timeout=120).json()
+    cp = j["completion_probabilities"]
+    assert len(cp) == j["tokens_predicted"] and {"id", "token", "bytes", "logprob", "top_logprobs"} <= set(cp[0])
+    assert len(cp[0]["top_logprobs"]) == 2 and cp[0]["top_logprobs"][0]["logprob"] <= 0
+    body = {"messages": CHAT, "max_tokens": 3, "temperature": 0, "logprobs": True, "top_logprobs": 1}
+    r1 = httpx.post(live.url + "/v1/chat/completions", json=body, timeout=120).json()
+    r2 = httpx.post(live.url + "/v1/chat/completions", json=body, timeout=120).json()
+    assert len(r1["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 1
+    assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] == r2["timings"]["cache_n"] > 0

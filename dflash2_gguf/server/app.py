@@ -482,6 +482,9 @@ class _Service:
             toks += list(val.tokens)
             lps += list(getattr(val, "logprobs", None) or [])
             if val.done:
+                if lps:
+                    lps = await asyncio.to_thread(compat.format_probs, self.worker.decoder, lps,
+                                                  bool(job.params.get("post_sampling_probs")))
                 return _Choice("".join(text), toks, val.stats, job, lps)
             item = await self.next(job, request)
 
@@ -825,7 +828,8 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
             n_dec[i] = n_dec.get(i, 0) + len(ch.tokens)
             if not ch.text and not body.timings_per_token:
                 return []
-            o = obj([choice(i, ch.text, None, list(getattr(ch, "logprobs", None) or []) or None)])
+            lp = compat.format_probs(worker.decoder, getattr(ch, "logprobs", None) or [], body.post_sampling_probs)
+            o = obj([choice(i, ch.text, None, lp or None)])
             if body.timings_per_token:
                 o["timings"] = _partial_timings(job, n_dec[i])
             return [_sse(o)]
@@ -940,7 +944,7 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
                  "tokens_evaluated": job.info.get("n_prompt", 0)}
             if body.timings_per_token:
                 o["timings"] = _partial_timings(job, n_dec[i])
-            lp = list(getattr(ch, "logprobs", None) or [])
+            lp = compat.format_probs(worker.decoder, getattr(ch, "logprobs", None) or [], body.post_sampling_probs)
             if lp:
                 o["completion_probabilities"] = lp
             return [_sse(o)]

@@ -237,19 +237,45 @@ def parse_logit_bias(decoder: Any, bias: Any) -> Dict[int, float]:
 
 
 def schema_grammar(schema: Any) -> str:
-    """GBNF for a JSON schema, with llama-cpp-python's converter (``llama_cpp.llama_grammar``).
+    """GBNF for a JSON schema (:func:`dflash2_gguf.grammar.json_schema_to_grammar`).
 
     Raises:
         APIError: 400 when the schema cannot be converted.
     """
-    import json
-
     try:
-        from llama_cpp.llama_grammar import json_schema_to_gbnf
+        from ..grammar import json_schema_to_grammar
 
-        return json_schema_to_gbnf(json.dumps(schema))
+        return json_schema_to_grammar(schema)
     except Exception as e:  # noqa: BLE001
         raise _bad("json_schema", f"\"json_schema\": {e}") from e
+
+
+def format_probs(decoder: Any, items: Sequence[Any], post_sampling: bool = False) -> List[Dict[str, Any]]:
+    """llama-server's ``completion_probabilities`` / ``logprobs.content`` entries from
+    :class:`~dflash2_gguf.api.TokenLogprob` items: ``{"id", "token", "bytes", "logprob",
+    "top_logprobs": [...]}``. With ``post_sampling_probs``, ``prob`` / ``top_probs`` instead
+    (``exp`` of the same log-probabilities: the driver reports the distribution after bias,
+    penalties and grammar, before truncation and temperature, for both settings)."""
+    def tok(t: int) -> tuple:
+        eng = getattr(decoder, "engine", None)
+        raw = bytes(eng.detokenize([t], True)) if eng is not None else decoder.detokenize([t], True).encode()
+        return raw.decode("utf-8", errors="replace"), list(raw)
+
+    def one(t: int, lp: float) -> Dict[str, Any]:
+        text, raw = tok(t)
+        d: Dict[str, Any] = {"id": t, "token": text, "bytes": raw}
+        if post_sampling:
+            d["prob"] = math.exp(lp)
+        else:
+            d["logprob"] = lp
+        return d
+
+    out = []
+    for it in items:
+        d = one(it.token, it.logprob)
+        d["top_probs" if post_sampling else "top_logprobs"] = [one(t, lp) for t, lp in it.top]
+        out.append(d)
+    return out
 
 
 #: request field -> (SamplingParams field, neutral value); mapped only when non-neutral.
