@@ -590,16 +590,7 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
 
     keys = [k.encode() for k in settings.api_keys]
     if keys:
-        @app.middleware("http")
-        async def _auth(request: Request, call_next):
-            if request.method != "OPTIONS" and request.url.path not in PUBLIC_PATHS:
-                auth = request.headers.get("authorization", "")
-                given = auth[7:].strip() if auth[:7].lower() == "bearer " else (auth or request.headers.get(
-                    "x-api-key", ""))
-                if not given or not any(secrets.compare_digest(given.encode(), k) for k in keys):
-                    return error_response(APIError(401, "Invalid API Key", "authentication_error", None,
-                                                   "invalid_api_key"))
-            return await call_next(request)
+        app.add_middleware(_ApiKey, keys=keys)
 
     app.add_middleware(_PlainOptions)
 
@@ -955,6 +946,27 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
         return _event_stream(svc.stream(jobs, on_chunk, on_done, done_line=False, on_start=on_start))
 
     return app
+
+
+class _ApiKey:
+    """ASGI middleware: with API keys set, every path but :data:`PUBLIC_PATHS` needs
+    ``Authorization: Bearer <key>`` or ``X-Api-Key: <key>`` (llama-server's
+    ``middleware_validate_api_key``); ``OPTIONS`` never does. Pure ASGI, as :class:`_PlainOptions`."""
+
+    def __init__(self, app: Any, keys: list) -> None:
+        self.app = app
+        self.keys = keys
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"] not in PUBLIC_PATHS:
+            h = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+            auth = h.get("authorization", "")
+            given = auth[7:].strip() if auth[:7].lower() == "bearer " else (auth or h.get("x-api-key", ""))
+            if not given or not any(secrets.compare_digest(given.encode(), k) for k in self.keys):
+                resp = error_response(APIError(401, "Invalid API Key", "authentication_error", None, "invalid_api_key"))
+                await resp(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class _PlainOptions:
