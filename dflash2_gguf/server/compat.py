@@ -174,7 +174,26 @@ def render_chat(decoder: Any, messages: List[Dict[str, Any]], *, add_generation_
         raise
     except (ValueError, TypeError, KeyError) as e:
         raise _bad("messages", f"Failed to format input: {e}") from e
+    if jinja:
+        text = _strip_special(decoder, template, text)
     return _cut_after_final(text, messages) if cont else text
+
+
+def _strip_special(decoder: Any, template: Optional[str], text: str) -> str:
+    """Drop a template-written leading BOS / trailing EOS that the tokenizer adds itself, as
+    llama-server's prompt (and :meth:`dflash2_gguf.chat.ChatRenderer.prompt_text`) does; a
+    decoder without the chat renderer (a test fake) keeps the text."""
+    try:
+        from ..chat import renderer_for
+
+        r = renderer_for(decoder, template)
+    except Exception:  # noqa: BLE001 - no renderer for this decoder
+        return text
+    if getattr(r, "add_bos", False) and r.bos_token and text.startswith(r.bos_token):
+        text = text[len(r.bos_token):]
+    if getattr(r, "add_eos", False) and r.eos_token and text.endswith(r.eos_token):
+        text = text[: -len(r.eos_token)]
+    return text
 
 
 def _render_override(messages, template: str, add_generation_prompt: bool, cont: bool) -> str:
