@@ -43,7 +43,7 @@ SPEC_TYPES = ("none", "draft-dflash")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the ``serve`` flags to ``p`` (model flags shared with ``generate``)."""
-    from ..cli import add_model_args, add_sampling_args
+    from ..options import add_model_args, add_sampling_args
 
     add_model_args(p, drafter_required=False)
     p.set_defaults(ctx_size=None)  # serve: the training context capped by memory (server/context.py)
@@ -108,7 +108,7 @@ def settings_from_args(args: argparse.Namespace):
         ValueError: a flag value this server refuses (``--context-shift``, bad ranges, both
             template flags); FileNotFoundError: a model or template file is missing.
     """
-    from ..cli import decoder_kwargs
+    from ..options import decoder_kwargs
     from .app import ServerSettings
     from .context import read_model_info, resolve_n_ctx
 
