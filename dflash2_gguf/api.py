@@ -536,20 +536,25 @@ class DFlashDecoder:
         return self.generate(prompt, stream=True, **kwargs)
 
     def _stream(self, ids: list, g, stops: list) -> Iterator[StreamChunk]:
+        """The chunks of one generation. Stop strings go through a
+        :class:`~dflash2_gguf.stops.StopStringBuffer`: a tail that may still become a stop string is
+        held back until it cannot, so the chunks' texts concatenate to exactly the non-streamed text
+        (cut before the earliest stop string) and never contain the start of a cut stop string."""
+        from .stops import StopStringBuffer
+
         eng = self.engine
         dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        buf = StopStringBuffer(stops)
         with self._lock:
             toks, fd, done, lps = eng.begin(ids, g)
             all_toks = list(toks)
-            emitted = ""
             raw_prev = b""
             while True:
                 raw = bytes(eng.detokenize(all_toks, False))
-                text = emitted + dec.decode(raw[len(raw_prev):], final=done)
+                delta = buf.feed(dec.decode(raw[len(raw_prev):], final=done))
                 raw_prev = raw
-                if stops:
-                    text, _ = _cut_stop(text, stops)
-                delta, emitted = text[len(emitted):], text
+                if done:
+                    delta += buf.flush()
                 stats = GenerationStats._from_native(eng.stats()) if done else None
                 lp = [TokenLogprob._from_native(t, x) for t, x in zip(toks, lps)] if lps else None
                 yield StreamChunk(text=delta, tokens=list(toks), from_draft=[bool(x) for x in fd], done=done, stats=stats,
