@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 from dflash2_gguf.assets import cache_dir, sha256_file  # one cache root, one hasher
+from dflash2_gguf.bench_compare import UPSTREAM_COMMIT  # llama.cpp commit vendored by that release
 
 __all__ = [
     "UPSTREAM_COMMIT", "UPSTREAM_OUTTYPES", "UpstreamUnavailable", "cache_dir", "fetch_upstream",
@@ -47,8 +48,6 @@ __all__ = [
 
 #: llama-cpp-python release whose sdist vendors the reference llama.cpp.
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
-#: llama.cpp commit vendored by that release.
-UPSTREAM_COMMIT = "0c1e570"
 #: sha256 of ``llama_cpp_python-0.3.36.tar.gz`` as PyPI serves it.
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 #: ``--outtype`` values upstream's converter accepts (besides ``tq1_0``/``tq2_0``/``auto``).

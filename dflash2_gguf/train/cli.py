@@ -15,10 +15,11 @@ Two steps, each resumable on its own::
 
     # 3. GGUF: python -m convert hf-to-gguf run1/hf --target SmolLM2-135M-Instruct.Q4_1.gguf
 
-``--prompts`` is an asset name of :mod:`dflash2_gguf.assets` (gsm8k-train, gsm8k-test, math500,
-humaneval, mt-bench), a ``.jsonl`` file (field question / problem / prompt / text /
-instruction / turns) or a text file with one prompt per line. GSM8K / MATH prompts get the
-authors' suffix "Please reason step by step, and put your final answer within \\boxed{}."
+``--prompts`` is a prompt set of :mod:`dflash2_gguf.prompt_sets` (the one table ``bench`` uses:
+gsm8k-train, gsm8k, math500, humaneval, mbpp, mt-bench; asset names such as gsm8k-test work too),
+a ``.jsonl`` file (field turns / prompt / question / problem / text / instruction) or a text file
+with one prompt per line; each picked row gives its first user turn, the authors' template applied
+(GSM8K / MATH: "Please reason step by step, and put your final answer within \\boxed{}.").
 """
 
 from __future__ import annotations
@@ -26,53 +27,28 @@ from __future__ import annotations
 import argparse
 import glob
 import os
-import gzip
 import json
-import random
 import sys
 from pathlib import Path
 
 __all__ = ["main", "load_prompts"]
 
-_MATH_SUFFIX = "Please reason step by step, and put your final answer within \\boxed{}."
-
 
 def load_prompts(spec: str, limit: int | None = None, seed: int = 42) -> list[str]:
-    """Prompts from an asset name or a file (see the module docstring), shuffled with
-    ``random.Random(seed)`` (the authors' benchmark order) and cut to ``limit``."""
-    path = Path(spec)
-    math_like = False
-    if not path.exists():
-        from ..assets import ASSETS, fetch
+    """Training prompts: the first user turn of the rows of prompt set ``spec`` (a name of
+    :data:`dflash2_gguf.prompt_sets.DATASETS`, an asset name such as ``gsm8k-test``, a ``.jsonl``
+    file or a text file with one prompt per line), with the authors' templates, picked as the
+    benchmark picks them (``random.Random(seed).shuffle``) and cut to ``limit`` (None or 0: all).
 
-        if spec not in ASSETS:
-            raise SystemExit(f"--prompts: {spec!r} is neither a file nor an asset ({', '.join(sorted(ASSETS))})")
-        path = fetch(spec)
-        math_like = spec.startswith(("gsm8k", "math"))
-    opener = gzip.open if path.suffix == ".gz" else open
-    prompts: list[str] = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        if ".jsonl" in path.name:
-            for line in f:
-                if not line.strip():
-                    continue
-                row = json.loads(line)
-                for key in ("question", "problem", "prompt", "text", "instruction"):
-                    if isinstance(row.get(key), str):
-                        text = row[key]
-                        break
-                else:
-                    turns = row.get("turns")
-                    if not turns:
-                        continue
-                    text = turns[0]
-                if math_like:
-                    text = f"{text}\n{_MATH_SUFFIX}"
-                prompts.append(text)
-        else:
-            prompts = [line.rstrip("\n") for line in f if line.strip()]
-    random.Random(seed).shuffle(prompts)
-    return prompts[:limit] if limit else prompts
+    Raises:
+        SystemExit: an unknown set or a row without a prompt (the message names the sets).
+    """
+    from ..prompt_sets import first_turns
+
+    try:
+        return first_turns(spec, limit or None, seed=seed)
+    except ValueError as e:
+        raise SystemExit(f"--prompts: {e}") from e
 
 
 def _layer_ids(args, n_target_layers: int) -> list[int]:

@@ -1,0 +1,161 @@
+"""The run loop of ``dflash2-gguf bench``: each picked prompt with and without the drafter.
+
+For each request, the target alone and the target with the drafter run through the SAME decoder
+object and the same native loop (``use_drafter=False`` / ``True``), after a warmup of both; the
+figures go through :mod:`.bench_stats`, the files through :mod:`.bench_report`, and the optional
+side-by-side runs through :mod:`.bench_compare`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Optional
+
+from .bench_compare import check_side_by_side, side_by_side
+from .bench_report import write_report
+from .bench_stats import RequestResult, first_mismatch, nan_to_none, run_dict, summarize
+from .chat import chat_prompt_ids
+from .prompt_sets import load_prompts
+
+__all__ = ["run_bench", "ComparisonFailed"]
+
+
+class ComparisonFailed(RuntimeError):
+    """A requested side-by-side run failed while running. The benchmark's own figures were kept
+    (and written): :attr:`report`; :attr:`errors` has one message per failed comparison."""
+
+    def __init__(self, report: dict, errors: list) -> None:
+        super().__init__("side-by-side run failed: " + "; ".join(errors))
+        self.report = report
+        self.errors = list(errors)
+
+
+def run_bench(
+    target: str,
+    drafter: str,
+    dataset: str,
+    *,
+    n_prompts: int = 10,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    seed: int = 0,
+    out: Optional[str] = None,
+    n_draft_max: Optional[int] = None,
+    n_threads: Optional[int] = None,
+    n_ctx: int = 4096,
+    decoder_kwargs: Optional[dict] = None,
+    warmup: bool = True,
+    upstream: bool = False,
+    prompt_lookup: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Run the benchmark and return the report (a JSON-ready dict); write files into ``out``.
+
+    Args:
+        target / drafter: GGUF paths.
+        dataset: A key of :data:`~dflash2_gguf.prompt_sets.DATASETS` or a file (see there).
+        n_prompts: Prompts picked (``random.Random(42).shuffle``).
+        max_new_tokens: Per request.
+        temperature: 0 = greedy (then the token equality check applies); T > 0 samples with
+            temperature only (top-k/top-p/min-p off), seeded per request with ``seed + request``.
+        seed: Base sampling seed.
+        out: Folder for ``bench.json``, ``bench.md``, ``per_position_acceptance.png`` (None: no files).
+        n_draft_max: Drafts verified per pass (default: block size - 1).
+        n_threads: CPU threads (default: all).
+        n_ctx: Context size of target and drafter.
+        decoder_kwargs: More :class:`~dflash2_gguf.api.DFlashDecoder` keywords.
+        warmup: Run one short generation of each configuration first.
+        upstream: Also run upstream's ``llama-speculative-simple`` / ``llama-completion``
+            (:mod:`.bench_compare`; the binaries must be built, see there).
+        prompt_lookup: Also run llama-cpp-python with and without ``LlamaPromptLookupDecoding``.
+        progress: tqdm bar on stderr.
+
+    Raises:
+        ComparisonUnavailable: a requested comparison cannot run (checked before anything loads).
+        ComparisonFailed: a requested comparison failed while running; the files of ``out`` are
+            written first and the report is the exception's ``report``.
+    """
+    from .api import DFlashDecoder
+    from .sampling import SamplingParams
+
+    bins = check_side_by_side(upstream=upstream, prompt_lookup=prompt_lookup)
+    prompts = load_prompts(dataset, n_prompts)
+    if not prompts:
+        raise ValueError(f"dataset {dataset!r} has no rows")
+    max_new_tokens = int(max_new_tokens)
+    if max_new_tokens < 1:
+        raise ValueError("max_new_tokens must be >= 1")
+
+    def sp(i: int) -> SamplingParams:
+        if temperature == 0:
+            return SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=seed + i)
+        return SamplingParams(temperature=float(temperature), top_k=0, top_p=1.0, min_p=0.0, seed=seed + i)
+
+    kw = dict(n_ctx=n_ctx, n_threads=n_threads)
+    kw.update(decoder_kwargs or {})
+    requests: list = []
+    rendered: list = []  # (prompt text as rendered, max tokens) for the side-by-side runs
+    t_start = time.time()
+    with DFlashDecoder(target, drafter, **kw) as dec:
+        if not dec.has_drafter:
+            raise ValueError("the benchmark needs a drafter (-md)")
+        block = dec.block_size
+        nmax = block - 1 if n_draft_max is None else int(n_draft_max)
+        gen = dict(max_tokens=max_new_tokens, n_draft_max=n_draft_max)
+        if warmup:
+            msgs = [{"role": "user", "content": prompts[0][0]}]
+            for use in (False, True):
+                dec.generate(messages=msgs, max_tokens=min(16, max_new_tokens), sampling=sp(0), use_drafter=use)
+        n_req = sum(len(t) for t in prompts)
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=n_req, desc=f"bench {dataset}", unit="req", file=sys.stderr)
+        k = 0
+        for pi, turns in enumerate(prompts):
+            messages: list = []
+            for ti, turn in enumerate(turns):
+                messages.append({"role": "user", "content": turn})
+                text = dec.apply_chat_template(messages)
+                ids = chat_prompt_ids(dec, messages)  # as generate(messages=...) and llama-server tokenize it
+                if len(ids) + max_new_tokens + block + 1 > n_ctx:
+                    if bar is not None:
+                        bar.update(len(turns) - ti)
+                    break  # this conversation no longer fits: skip the rest of it
+                base = dec.generate(ids, sampling=sp(k), use_drafter=False, **gen)
+                spec = dec.generate(ids, sampling=sp(k), use_drafter=True, **gen)
+                mm = first_mismatch(base.tokens, spec.tokens)
+                requests.append(RequestResult(pi, ti, len(ids), run_dict(base, False), run_dict(spec, True),
+                                              mm is None, mm))
+                rendered.append(text)
+                # next turn follows the target-alone answer (identical to the drafted one at T=0)
+                messages.append({"role": "assistant", "content": base.text})
+                k += 1
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(tau=f"{spec.stats.acceptance_length:.2f}")
+        if bar is not None:
+            bar.close()
+        config = dict(target=str(target), drafter=str(drafter), dataset=dataset, n_prompts=len(prompts),
+                      max_new_tokens=max_new_tokens, temperature=float(temperature), seed=seed,
+                      n_draft_max=nmax, block_size=block, drafter_version=dec.drafter_version,
+                      threads=n_threads, n_ctx=n_ctx, capture_path=dec.capture_path,
+                      prompt_pick="random.Random(42).shuffle", warmup=warmup,
+                      flash_attn=kw.get("flash_attn"), repack=kw.get("repack", True))
+    if not requests:
+        raise ValueError("no prompt fits the context: raise -c or lower --max-new-tokens")
+    summary = summarize(requests, block)
+    report: dict = dict(config=config, summary=summary, requests=[r.__dict__ for r in requests],
+                        wall_s=time.time() - t_start)
+    if upstream or prompt_lookup:
+        report["side_by_side"] = side_by_side(report, rendered, target, drafter, upstream=upstream,
+                                              prompt_lookup=prompt_lookup, bins=bins)
+    report = nan_to_none(report)
+    if out:
+        write_report(report, out)
+    errors = report.get("side_by_side", {}).get("errors")
+    if errors:
+        raise ComparisonFailed(report, errors)
+    return report
