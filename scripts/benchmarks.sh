@@ -27,6 +27,9 @@ SIDE=${SIDE---upstream --prompt-lookup}
 SIDE_TEMPS=${SIDE_TEMPS:-$TEMPS}
 mkdir -p "$RUNS"
 touch "$RUNS/commands.txt"
+# bench --upstream runs upstream's tools and refuses to start without them: build them once
+# (llama.cpp 0c1e570 from the llama-cpp-python sdist, ~6 min on 2 cores; cached afterwards)
+if [[ " $SIDE " == *" --upstream "* ]]; then python -m benchmarks.upstream_driver >&2; fi
 for ds in $SETS; do
   for t in $TEMPS; do
     side=""
