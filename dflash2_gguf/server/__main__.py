@@ -17,6 +17,9 @@ Flags are llama-server's names and defaults (tools/server/README.md at llama.cpp
 - Slots: ``-np/--parallel N`` (llama-server's -1 = auto is 4 slots there; here auto = 1, as each
   slot loads its own decoder, see :mod:`.worker`); ``--slots/--no-slots`` (``GET /slots``).
 - Chat: ``--jinja`` (default) / ``--no-jinja``, ``--chat-template TEXT``, ``--chat-template-file F``.
+- Reasoning: ``--reasoning-format none|auto|deepseek|deepseek-legacy`` (default auto: ``<think>``
+  text goes to ``reasoning_content``), ``-rea/--reasoning on|off|auto`` (``enable_thinking`` given to
+  the chat template; auto = the template's default).
 - HTTP: ``--host`` (comma list of addresses, or UNIX socket paths ending in ``.sock``),
   ``--port``, ``--api-key`` (comma list) / ``--api-key-file``, ``--alias`` (comma list: the first
   is the model id), ``--tags``, ``--cors-origins`` / ``--cors-methods`` / ``--cors-headers`` /
@@ -68,6 +71,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-jinja", dest="jinja", action="store_false", help="libllama's built-in templates only")
     p.add_argument("--chat-template", default=None, help="chat template text (default: the GGUF's)")
     p.add_argument("--chat-template-file", default=None, help="file with the chat template (default: the GGUF's)")
+    p.add_argument("--reasoning-format", default="auto", choices=("none", "auto", "deepseek", "deepseek-legacy"),
+                   help="where thoughts go: none = left in content; deepseek / auto = reasoning_content; "
+                        "deepseek-legacy = both (default: auto)")
+    p.add_argument("-rea", "--reasoning", default="auto", choices=("on", "off", "auto"),
+                   help="enable_thinking for the chat template: on, off or auto (the template's default)")
     p.add_argument("--context-shift", dest="context_shift", action="store_true", default=False,
                    help="not supported (refused); a full context ends the generation")
     p.add_argument("--no-context-shift", dest="context_shift", action="store_false", help="the default")
@@ -149,6 +157,8 @@ def settings_from_args(args: argparse.Namespace):
         temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
         seed=-1 if args.seed is None else args.seed, n_predict=args.n_predict,
         api_key=_api_keys(args), alias=args.alias, tags=args.tags, chat_template=template, jinja=args.jinja,
+        reasoning_format=args.reasoning_format,
+        enable_thinking={"on": True, "off": False}.get(args.reasoning),
         cors_origins=args.cors_origins, cors_methods=args.cors_methods, cors_headers=args.cors_headers,
         cors_credentials=args.cors_credentials, endpoint_slots=args.slots, max_queue=args.queue_size,
     )

@@ -17,9 +17,13 @@ Endpoints, as llama-server's README and tools/server/server.cpp at llama.cpp 0c1
   501), ``GET /slots`` (``?fail_on_no_slot=1``; 501 with ``--no-slots``).
 - ``GET /metrics``: Prometheus text (see :mod:`.metrics`), always on (llama-server needs
   ``--metrics``).
-- Not served (404, documented out of scope): embeddings, reranking, infill, ``/v1/responses``,
-  ``/v1/messages`` (next: the agent-API work), LoRA adapters, slot save/restore, router mode,
-  the web UI, ``/v1/chat/completions/control``.
+- Agents (issue 13): chat ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` and reasoning
+  (:mod:`.chat_output`); ``POST /v1/responses`` (OpenAI Responses API, :mod:`.responses_api`) and
+  ``POST /v1/messages`` (Anthropic Messages API, :mod:`.messages_api`), both translated into a
+  chat request and run through the same pipeline; token counts ``/v1/responses/input_tokens``,
+  ``/v1/chat/completions/input_tokens``, ``/v1/messages/count_tokens``.
+- Not served (404, documented out of scope): embeddings, reranking, infill, LoRA adapters, slot
+  save/restore, router mode, the web UI, ``/v1/chat/completions/control``.
 
 Requests: bodies are parsed as JSON whatever their ``Content-Type`` (``curl -d`` sends
 ``application/x-www-form-urlencoded``), as llama-server parses them; field policy in
@@ -57,7 +61,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from . import compat
+from . import compat, messages_api, responses_api
+from .chat_output import ChatOutput, ToolPlan, finish_reason_for, plan_tools
 from .context import ModelInfo, read_model_info
 from .errors import APIError, error_body, error_response, from_exception, install_error_handlers, validation_error
 from .metrics import Metrics
@@ -104,6 +109,10 @@ class ServerSettings:
         tags: ``--tags`` (informational, in ``/v1/models``).
         chat_template: ``--chat-template`` / ``--chat-template-file`` text (None = the GGUF's).
         jinja: ``--jinja`` (default) / ``--no-jinja``.
+        reasoning_format: ``--reasoning-format`` (``none``, ``auto``, ``deepseek``,
+            ``deepseek-legacy``; a request's ``reasoning_format`` overrides it).
+        enable_thinking: ``--reasoning on|off`` (True / False: ``enable_thinking`` given to the
+            template unless the request sets it; None = ``auto``, the template's default).
         cors_origins / cors_methods / cors_headers / cors_credentials: llama-server's ``--cors-*``.
         endpoint_slots: ``--slots`` (default) / ``--no-slots``.
         max_queue: Queued requests beyond this get 503.
@@ -137,6 +146,8 @@ class ServerSettings:
     tags: Optional[str] = None
     chat_template: Optional[str] = None
     jinja: bool = True
+    reasoning_format: str = "auto"
+    enable_thinking: Optional[bool] = None
     cors_origins: str = "*"
     cors_methods: str = "GET, POST, DELETE, OPTIONS"
     cors_headers: str = "*"
@@ -266,6 +277,15 @@ async def parse_body(request: Request, model: Any) -> Any:
         APIError: 400 ``json_invalid`` for a body that is not a JSON object; 400 naming the
             field for a validation error.
     """
+    return validate_body(await read_json(request), model)
+
+
+async def read_json(request: Request) -> dict:
+    """The request body as a JSON object, whatever the ``Content-Type``.
+
+    Raises:
+        APIError: 400 ``json_invalid`` for a body that is not a JSON object.
+    """
     raw = await request.body()
     try:
         obj = json.loads(raw) if raw.strip() else {}
@@ -273,6 +293,11 @@ async def parse_body(request: Request, model: Any) -> Any:
         raise APIError(400, f"invalid JSON body: {e}", "invalid_request_error", None, "json_invalid") from None
     if not isinstance(obj, dict):
         raise APIError(400, "the request body must be a JSON object", "invalid_request_error", None, "json_invalid")
+    return obj
+
+
+def validate_body(obj: dict, model: Any) -> Any:
+    """``obj`` as the pydantic ``model``; raises APIError 400 naming the field."""
     try:
         return model.model_validate(obj)
     except ValidationError as e:
@@ -298,6 +323,32 @@ class _Choice:
     stats: Any
     job: Job
     logprobs: list = field(default_factory=list)
+
+
+@dataclass
+class ChatTurn:
+    """One finished chat choice, split for the three chat APIs.
+
+    Attributes:
+        content: Message text (None when there are tool calls and no other text).
+        reasoning: ``reasoning_content`` (None: none).
+        tool_calls: OpenAI-shaped calls.
+        finish_reason: OpenAI's (``stop``, ``length``, ``tool_calls``).
+        stop_reason: The driver's (``eog``, ``stop``, ``length``, ``context``).
+        stopping_word: The stop string that ended the generation ("" otherwise; llama-server's
+            ``stopping_word``).
+        stats: :class:`~dflash2_gguf.api.GenerationStats`.
+        job: The job (``info``: prompt text, ``n_prompt``).
+    """
+
+    content: Optional[str]
+    reasoning: Optional[str]
+    tool_calls: list
+    finish_reason: str
+    stop_reason: str
+    stopping_word: str
+    stats: Any
+    job: Job
 
 
 # ---------------------------------------------------------------------------- service
@@ -372,10 +423,115 @@ class _Service:
             "lora": [],
         }
 
+    # ------------------------------------------------------------------ chat: tools, reasoning
+
+    def _tool_template(self, tools: Any) -> tuple:
+        """(template text, its name) rendered for a request with ``tools``."""
+        s = self.settings
+        if s.chat_template is not None:
+            return s.chat_template, "the --chat-template template"
+        try:
+            from ..chat import renderer_for
+
+            r = renderer_for(self.worker.decoder)
+            return r.template_for(tools), r.source
+        except Exception:  # noqa: BLE001 - a decoder without the renderer: the GGUF's template text
+            return self.info.chat_template, f"tokenizer.chat_template of {Path(s.model).name}"
+
+    def tool_plan(self, body: Any) -> ToolPlan:
+        """The request's :class:`~.chat_output.ToolPlan` (see :mod:`.chat_output`).
+
+        Raises:
+            APIError: 400 for tools with ``--no-jinja``, tools with a custom grammar / JSON
+                schema, malformed tools, a template whose tool format is not supported.
+        """
+        tools = getattr(body, "tools", None)
+        choice = getattr(body, "tool_choice", None)
+        if not tools and choice in (None, "auto", "none"):
+            return ToolPlan()
+        if tools and not self.settings.jinja:
+            raise APIError(400, "tools need the Jinja chat template: restart the server without --no-jinja",
+                           "invalid_request_error", "tools", "not_supported")
+        if body.uses_tools and (body.grammar or body.output_schema() is not None):
+            raise APIError(400, "Cannot use custom grammar constraints with tools (grammar, json_schema or "
+                                "response_format together with tools); send tool_choice 'none' or drop one",
+                           "invalid_request_error", "tools", "invalid_value")
+        if body.parse_tool_calls is False:
+            choice = "none"
+        src, name = self._tool_template(tools) if tools and choice != "none" else (None, "")
+        return plan_tools(tools, choice, body.parallel_tool_calls, src, name)
+
+    def chat_output(self, job: Job, body: Any, plan: ToolPlan) -> ChatOutput:
+        """A :class:`~.chat_output.ChatOutput` for one choice of ``body`` (its prompt is rendered)."""
+        fmt = body.reasoning_format or self.settings.reasoning_format
+        opens = str(job.info.get("prompt", "")).rstrip().endswith("<think>")
+        return ChatOutput(fmt, starts_in_reasoning=opens, plan=plan)
+
+    def stopping_word(self, tokens: Sequence[int], stops: Sequence[str], stop_reason: str) -> str:
+        """The stop string that ended a generation: the earliest one in its text ("" when it did
+        not end on a stop string)."""
+        if stop_reason != "stop" or not stops:
+            return ""
+        try:
+            text = self.worker.decoder.detokenize(list(tokens))
+        except Exception:  # noqa: BLE001 - decoder gone: the first stop string is the best guess
+            return stops[0]
+        hits = [(text.find(w), w) for w in stops if w and w in text]
+        return min(hits)[1] if hits else stops[0]
+
+    def finish_turn(self, out: ChatOutput, stats: Any, tokens: Sequence[int], body: Any, job: Job) -> ChatTurn:
+        """The :class:`ChatTurn` of a choice whose output went through ``out`` (finished)."""
+        calls = out.tool_calls
+        return ChatTurn(out.content, out.reasoning, calls, finish_reason_for(stats.stop_reason, calls),
+                        stats.stop_reason, self.stopping_word(tokens, body.stop_list, stats.stop_reason), stats, job)
+
+    def turn_of(self, c: "_Choice", body: Any, plan: ToolPlan) -> ChatTurn:
+        """The :class:`ChatTurn` of a collected (non-streamed) choice."""
+        out = self.chat_output(c.job, body, plan)
+        out.feed(c.text)
+        out.finish()
+        return self.finish_turn(out, c.stats, c.tokens, body, c.job)
+
+    async def turn_stream(self, job: Job, body: Any, plan: ToolPlan) -> AsyncIterator[tuple]:
+        """A streamed choice (after :meth:`start_stream`): ``("delta", d)`` for each OpenAI chat
+        delta (``reasoning_content``, ``content``, ``tool_calls``), then ``("done", ChatTurn)``.
+        Cancels the job if the consumer stops early.
+
+        Raises:
+            APIError: the generation failed or was cancelled, or the worker died.
+        """
+        finished = False
+        out: Optional[ChatOutput] = None
+        toks: list = []
+        try:
+            item = job.info.pop("_first")
+            while True:
+                kind, val = item
+                if kind == "error":
+                    raise from_exception(val)
+                if kind == "cancelled":
+                    raise APIError(503, "the generation was cancelled", "unavailable_error", None, "cancelled")
+                if out is None:
+                    out = self.chat_output(job, body, plan)
+                toks += list(val.tokens)
+                for d in out.feed(val.text):
+                    yield ("delta", d)
+                if val.done:
+                    for d in out.finish():
+                        yield ("delta", d)
+                    finished = True
+                    yield ("done", self.finish_turn(out, val.stats, toks, body, job))
+                    return
+                item = await self.next(job)
+        finally:
+            if not finished:
+                job.cancel()
+
     def make_prepare(self, body: Any, *, prompt: Any = None, messages: Optional[list] = None,
-                     chat: Optional[dict] = None) -> Callable[[Any, Job], dict]:
+                     chat: Optional[dict] = None, tool_grammar: Optional[str] = None) -> Callable[[Any, Job], dict]:
         """The slot-thread step of a request: tokenize / render, check the context, build the
-        generation keywords (see :mod:`.compat`)."""
+        generation keywords (see :mod:`.compat`). ``tool_grammar``: the tool-choice grammar
+        (:meth:`tool_plan`), used instead of the request's (never both)."""
         s = self.settings
         limit = body.token_limit()
         if limit is None or limit < 0:
@@ -385,7 +541,7 @@ class _Service:
         if nd is not None and s.n_draft_max is not None:
             nd = min(nd, s.n_draft_max)
         p_min = spec["p_min"] if spec["p_min"] is not None else s.p_min
-        grammar, _ = self.grammar_for(body)
+        grammar = tool_grammar or self.grammar_for(body)[0]
         n_probs = body.n_probs_wanted()
         stop = body.stop_list
         defaults = s.sampling_defaults()
@@ -748,7 +904,8 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
         body = await parse_body(request, ApplyTemplateRequest)
         dec = vocab_decoder()
         text = await asyncio.to_thread(compat.render_chat, dec, body.template_messages(),
-                                       template=settings.chat_template, jinja=settings.jinja, **_chat_opts(body))
+                                       template=settings.chat_template, jinja=settings.jinja,
+                                       **_chat_opts(body, settings))
         return {"prompt": text}
 
     # ------------------------------------------------------------------ generation
@@ -766,7 +923,7 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
             "tokens_predicted": st.n_generated, "tokens_evaluated": st.n_prompt, "generation_settings": gs,
             "prompt": c.job.info.get("prompt", ""), "has_new_line": "\n" in c.text,
             "truncated": st.stop_reason == "context", "stop_type": stop_type,
-            "stopping_word": _stopping_word(c.text, body.stop_list) if stop_type == "word" else "",
+            "stopping_word": svc.stopping_word(c.tokens, body.stop_list, st.stop_reason),
             "tokens_cached": _n_cached(st), "timings": _timings(st),
         }
         if c.logprobs and not stream:
@@ -840,18 +997,25 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
 
         return _event_stream(svc.stream(jobs, on_chunk, on_done, on_start=on_start))
 
+    async def start_chat(body: ChatCompletionRequest, request: Request) -> tuple:
+        """Submit a chat request: ``(done choices or None when streaming, jobs, tool plan)``."""
+        plan = await asyncio.to_thread(svc.tool_plan, body)
+        prep = svc.make_prepare(body, messages=body.template_messages(), chat=_chat_opts(body, settings),
+                                tool_grammar=plan.grammar)
+        done, jobs = await generate(body, request, [prep])
+        return done, jobs, plan
+
+    app.state.start_chat = start_chat
+    app.state.service = svc
+
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
     async def chat(request: Request):
-        """OpenAI chat completion (prompt rendered with the chat template)."""
+        """OpenAI chat completion (prompt rendered with the chat template; tools and reasoning
+        parsed from the output, see :mod:`.chat_output`)."""
         metrics.request("/v1/chat/completions")
         body = await parse_body(request, ChatCompletionRequest)
-        if body.tools and body.tool_choice != "none":
-            raise APIError(400, "tools are not supported by this server yet (tool-call parsing is not wired in); "
-                                "send no tools, an empty list, or tool_choice 'none'", "invalid_request_error",
-                           "tools", "not_supported")
-        prep = svc.make_prepare(body, messages=body.template_messages(), chat=_chat_opts(body))
-        done, jobs = await generate(body, request, [prep])
+        done, jobs, plan = await start_chat(body, request)
         cid, now, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), settings.model_id
 
         def obj(choices: list, object_: str = "chat.completion.chunk") -> dict:
@@ -861,8 +1025,13 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
         if done is not None:
             choices = []
             for i, c in enumerate(done):
-                ch = {"finish_reason": _FINISH.get(c.stats.stop_reason, "stop"), "index": i,
-                      "message": {"role": "assistant", "content": c.text}}
+                t = svc.turn_of(c, body, plan)
+                msg: dict = {"role": "assistant", "content": t.content}
+                if t.reasoning is not None:
+                    msg["reasoning_content"] = t.reasoning
+                if t.tool_calls:
+                    msg["tool_calls"] = t.tool_calls
+                ch = {"finish_reason": t.finish_reason, "index": i, "message": msg}
                 ch["logprobs"] = {"content": c.logprobs} if c.logprobs else None
                 choices.append(ch)
             out = obj(choices, "chat.completion")
@@ -875,7 +1044,10 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
         def delta(i: int, d: dict, finish: Optional[str]) -> dict:
             return {"finish_reason": finish, "index": i, "delta": d, "logprobs": None}
 
+        outs: dict = {}
+
         def on_start(i, job):
+            outs[i] = svc.chat_output(job, body, plan)
             o = obj([delta(i, {"role": "assistant", "content": None}, None)])
             if body.return_progress:
                 o["prompt_progress"] = _progress(job)
@@ -885,20 +1057,27 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
 
         def on_chunk(i, job, ch):
             n_dec[i] = n_dec.get(i, 0) + len(ch.tokens)
-            if not ch.text and not body.timings_per_token:
+            ds = outs[i].feed(ch.text)
+            if not ds and not body.timings_per_token:
                 return []
-            o = obj([delta(i, {"content": ch.text} if ch.text else {}, None)])
-            if body.timings_per_token:
-                o["timings"] = _partial_timings(job, n_dec[i])
-            return [_sse(o)]
+            lines = []
+            for k, d in enumerate(ds or [{}]):
+                o = obj([delta(i, d, None)])
+                if body.timings_per_token and k == len(ds or [{}]) - 1:
+                    o["timings"] = _partial_timings(job, n_dec[i])
+                lines.append(_sse(o))
+            return lines
 
         stats_seen = []
 
         def on_done(i, job, st):
             stats_seen.append(st)
-            last = obj([delta(i, {}, _FINISH.get(st.stop_reason, "stop"))])
+            lines = []
+            for d in outs[i].finish():
+                lines.append(_sse(obj([delta(i, d, None)])))
+            last = obj([delta(i, {}, finish_reason_for(st.stop_reason, outs[i].tool_calls))])
             last["timings"] = _timings(st)
-            lines = [_sse(last)]
+            lines.append(_sse(last))
             if body.include_usage and i == len(jobs) - 1:
                 u = obj([])
                 u["usage"] = _usage(stats_seen)
@@ -906,6 +1085,85 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
             return lines
 
         return _event_stream(svc.stream(jobs, on_chunk, on_done, on_start=on_start))
+
+    # ------------------------------------------------------------------ agents' APIs (issue 13)
+
+    async def count_chat_tokens(body: ChatCompletionRequest) -> int:
+        """Prompt tokens of a chat request as it would be fed (rendered with tools, tokenized)."""
+        dec = vocab_decoder()
+        opts = _chat_opts(body, settings)
+
+        def work():
+            text = compat.render_chat(dec, body.template_messages(), template=settings.chat_template,
+                                      jinja=settings.jinja, **opts)
+            return len(dec.tokenize(text, add_special=True, parse_special=True))
+
+        return await asyncio.to_thread(work)
+
+    @app.post("/v1/chat/completions/input_tokens")
+    async def chat_input_tokens(request: Request):
+        """llama-server's token count of a chat completion body."""
+        body = await parse_body(request, ChatCompletionRequest)
+        return responses_api.input_tokens_object(await count_chat_tokens(body))
+
+    @app.post("/v1/responses")
+    @app.post("/responses")
+    async def responses(request: Request):
+        """OpenAI Responses API, translated to a chat request (:mod:`.responses_api`)."""
+        metrics.request("/v1/responses")
+        raw = await read_json(request)
+        body = validate_body(responses_api.to_chat(raw), ChatCompletionRequest)
+        done, jobs, plan = await start_chat(body, request)
+        if done is not None:
+            return responses_api.response_object(raw, svc.turn_of(done[0], body, plan), settings.model_id)
+        stream = responses_api.ResponsesStream(raw, settings.model_id)
+        return _event_stream(stream.events(svc.turn_stream(jobs[0], body, plan)))
+
+    @app.post("/v1/responses/input_tokens")
+    async def responses_input_tokens(request: Request):
+        """llama-server's token count of a Responses body."""
+        body = validate_body(responses_api.to_chat(await read_json(request)), ChatCompletionRequest)
+        return responses_api.input_tokens_object(await count_chat_tokens(body))
+
+    def anthropic_errors(handler):
+        """Answer the handler's errors in Anthropic's shape (:func:`.messages_api.error_body`)."""
+        import functools
+
+        @functools.wraps(handler)
+        async def wrapped(request: Request):
+            try:
+                return await handler(request)
+            except APIError as e:
+                return JSONResponse(messages_api.error_body(e), status_code=e.status)
+            except Exception as e:  # noqa: BLE001 - mapped like the app-wide handler
+                err = from_exception(e)
+                if err.status >= 500:
+                    log.exception("internal error on %s", request.url.path, exc_info=e)
+                return JSONResponse(messages_api.error_body(err), status_code=err.status)
+
+        return wrapped
+
+    @app.post("/v1/messages")
+    @anthropic_errors
+    async def messages(request: Request):
+        """Anthropic Messages API, translated to a chat request (:mod:`.messages_api`)."""
+        metrics.request("/v1/messages")
+        body = validate_body(messages_api.to_chat(await read_json(request)), ChatCompletionRequest)
+        done, jobs, plan = await start_chat(body, request)
+        if done is not None:
+            return messages_api.message_object(svc.turn_of(done[0], body, plan), settings.model_id)
+        stream = messages_api.MessagesStream(settings.model_id)
+        return _event_stream(stream.events(svc.turn_stream(jobs[0], body, plan),
+                                           int(jobs[0].info.get("n_prompt", 0))))
+
+    @app.post("/v1/messages/count_tokens")
+    @anthropic_errors
+    async def messages_count_tokens(request: Request):
+        """Anthropic's token count (``{"input_tokens": n}``); ``max_tokens`` not needed."""
+        raw = await read_json(request)
+        raw.setdefault("max_tokens", 1)
+        body = validate_body(messages_api.to_chat(raw), ChatCompletionRequest)
+        return {"input_tokens": await count_chat_tokens(body)}
 
     @app.post("/completion")
     @app.post("/completions")
@@ -928,8 +1186,11 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
                           "tokens_predicted": 0, "tokens_evaluated": job.info.get("n_prompt", 0),
                           "prompt_progress": _progress(job)})]
 
+        toks_of: dict = {}
+
         def on_chunk(i, job, ch):
             n_dec[i] = n_dec.get(i, 0) + len(ch.tokens)
+            toks_of.setdefault(i, []).extend(ch.tokens)
             o = {"index": i, "content": ch.text, "tokens": list(ch.tokens), "stop": False,
                  "id_slot": job.info.get("id_slot", 0), "tokens_predicted": n_dec[i],
                  "tokens_evaluated": job.info.get("n_prompt", 0)}
@@ -941,7 +1202,7 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
             return [_sse(o)]
 
         def on_done(i, job, st):
-            return [_sse(native_final(_Choice("", [], st, job), body, i, stream=True))]
+            return [_sse(native_final(_Choice("", toks_of.get(i, []), st, job), body, i, stream=True))]
 
         return _event_stream(svc.stream(jobs, on_chunk, on_done, done_line=False, on_start=on_start))
 
@@ -984,12 +1245,13 @@ class _PlainOptions:
         await self.app(scope, receive, send)
 
 
-def _chat_opts(body: Any) -> dict:
-    """render_chat keywords from a chat request."""
+def _chat_opts(body: Any, settings: Optional[ServerSettings] = None) -> dict:
+    """render_chat keywords from a chat request (tools, template variables with the server's
+    ``--reasoning`` default)."""
     return {"add_generation_prompt": body.add_generation_prompt,
             "continue_final_message": body.continue_final_message,
-            "template_kwargs": body.chat_template_kwargs}
+            "template_kwargs": body.template_kwargs(settings.enable_thinking if settings else None),
+            "tools": body.tools or None}
 
 
-def _stopping_word(text: str, stops: list) -> str:
-    return stops[0] if stops else ""
+

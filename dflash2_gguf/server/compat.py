@@ -126,7 +126,7 @@ def _template_kwargs(method: Any) -> set:
 
 def render_chat(decoder: Any, messages: List[Dict[str, Any]], *, add_generation_prompt: bool = True,
                 continue_final_message: Any = None, template: Optional[str] = None, jinja: bool = True,
-                template_kwargs: Optional[Dict[str, Any]] = None) -> str:
+                template_kwargs: Optional[Dict[str, Any]] = None, tools: Optional[List[Any]] = None) -> str:
     """Render ``messages`` with the decoder's chat template (or ``template``), llama-server style.
 
     Args:
@@ -138,6 +138,7 @@ def render_chat(decoder: Any, messages: List[Dict[str, Any]], *, add_generation_
         template: ``--chat-template`` / ``--chat-template-file`` text, or None for the GGUF's.
         jinja: ``--jinja`` (True) or ``--no-jinja``.
         template_kwargs: ``chat_template_kwargs`` (passed when the renderer takes them).
+        tools: OpenAI tool specs for the template (``tools``; passed when the renderer takes them).
 
     Raises:
         APIError: 400 for llama-server's refusals (both ``add_generation_prompt`` and
@@ -161,6 +162,11 @@ def render_chat(decoder: Any, messages: List[Dict[str, Any]], *, add_generation_
     extra = {"chat_template": template, "jinja": None if jinja else False}
     if template_kwargs:
         extra["chat_template_kwargs"] = template_kwargs
+    if tools:
+        if not jinja:
+            raise APIError(400, "tools need the Jinja chat template: restart the server without --no-jinja",
+                           "invalid_request_error", "tools", "not_supported")
+        extra["tools"] = list(tools)
     for k, v in extra.items():
         if v is None:
             continue

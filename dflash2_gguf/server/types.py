@@ -42,7 +42,7 @@ import logging
 import threading
 from typing import Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 __all__ = [
     "StreamOptions", "SpeculativeOptions", "ContentPart", "ChatMessage", "GenerationFields",
@@ -359,12 +359,53 @@ class ChatCompletionRequest(GenerationFields):
     chat_template_kwargs: Optional[Dict[str, Any]] = None
     add_generation_prompt: bool = True
     continue_final_message: Union[bool, str, None] = None
+    # agents (issue 13): tools, reasoning (llama-server's names, tools/server/README.md at 0c1e570)
+    parallel_tool_calls: Optional[StrictBool] = None
+    parse_tool_calls: Optional[StrictBool] = None
+    reasoning_format: Optional[str] = None
+    reasoning_effort: Optional[str] = None
 
     @field_validator("tool_choice")
     @classmethod
     def _tool_choice(cls, v):
         if isinstance(v, str) and v not in ("auto", "none", "required"):
             raise ValueError("tool_choice must be 'auto', 'none', 'required' or {'type': 'function', ...}")
+        if isinstance(v, dict):
+            fn = v.get("function") if isinstance(v.get("function"), dict) else {}
+            if v.get("type") != "function" or not isinstance(fn.get("name"), str):
+                raise ValueError("a tool_choice object must be {\"type\": \"function\", \"function\": {\"name\": ...}}")
+        return v
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, v):
+        for i, t in enumerate(v or []):
+            fn = t.get("function")
+            if t.get("type", "function") != "function" or not isinstance(fn, dict):
+                raise ValueError(f"tools[{i}]: only function tools are supported ({{\"type\": \"function\", "
+                                 f"\"function\": {{\"name\", \"description\", \"parameters\"}}}}), "
+                                 f"got type {t.get('type')!r}")
+            if not isinstance(fn.get("name"), str) or not fn["name"]:
+                raise ValueError(f"tools[{i}].function.name must be a non-empty string")
+            if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+                raise ValueError(f"tools[{i}].function.parameters must be a JSON schema object")
+        return v
+
+    @field_validator("reasoning_format")
+    @classmethod
+    def _reasoning_format(cls, v):
+        from ..reasoning import REASONING_FORMATS
+
+        if v is not None and v not in REASONING_FORMATS:
+            raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got {v!r}")
+        return v
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _thinking_is_bool(cls, v):
+        if v and "enable_thinking" in v and not isinstance(v["enable_thinking"], bool):
+            raise ValueError("invalid type for \"enable_thinking\" (expected boolean, got "
+                             f"{type(v['enable_thinking']).__name__})")
         return v
 
     @model_validator(mode="after")
@@ -395,6 +436,27 @@ class ChatCompletionRequest(GenerationFields):
     def template_messages(self) -> List[Dict[str, Any]]:
         """Messages as dicts for the chat template."""
         return [m.as_template_dict() for m in self.messages]
+
+    def template_kwargs(self, enable_thinking: Optional[bool] = None) -> Optional[Dict[str, Any]]:
+        """Template variables: ``chat_template_kwargs`` over the server's ``--reasoning on|off``
+        (``enable_thinking``); ``reasoning_effort`` "none" sets ``enable_thinking`` false, another
+        value is given to the template as ``reasoning_effort`` (llama-server's
+        ``oaicompat_chat_params_parse``). None when there are none."""
+        kw: Dict[str, Any] = {}
+        if enable_thinking is not None:
+            kw["enable_thinking"] = enable_thinking
+        kw.update(self.chat_template_kwargs or {})
+        if self.reasoning_effort == "none":
+            kw["enable_thinking"] = False
+            kw.pop("reasoning_effort", None)
+        elif self.reasoning_effort:
+            kw["reasoning_effort"] = self.reasoning_effort
+        return kw or None
+
+    @property
+    def uses_tools(self) -> bool:
+        """True when tool calls may be produced (tools given and ``tool_choice`` is not "none")."""
+        return bool(self.tools) and self.tool_choice != "none" and self.parse_tool_calls is not False
 
     def output_schema(self) -> Optional[Dict[str, Any]]:
         """The JSON schema that constrains the output (``json_schema`` or ``response_format``),
