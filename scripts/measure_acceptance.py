@@ -3,7 +3,7 @@
 
     python scripts/measure_acceptance.py --n-prompts 10 --max-new-tokens 256 D1.gguf [D2.gguf ...]
 
-Prompts: ``dflash2_gguf.bench.load_prompts("gsm8k", n)`` (the authors' order and template, the
+Prompts: ``dflash2_gguf.prompt_sets.load_prompts("gsm8k", n)`` (the authors' order and template, the
 same as ``dflash2-gguf bench --dataset gsm8k``), the target's chat template, greedy. Prints one
 JSON line per drafter: mean acceptance length (tau, bonus included; averaged per request, then
 over requests), tokens, and the per-request values. ``dflash2-gguf bench`` measures the same
@@ -30,7 +30,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=None)
     a = p.parse_args()
     from dflash2_gguf.api import DFlashDecoder
-    from dflash2_gguf.bench import load_prompts
+    from dflash2_gguf.prompt_sets import load_prompts
 
     target = a.target
     if target is None:
