@@ -38,7 +38,6 @@ Modules, imports one way (each imports only those below it):
 Nothing here imports native code or llama_cpp at import time.
 """
 
-
 from __future__ import annotations
 
 import sys
