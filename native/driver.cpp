@@ -62,7 +62,7 @@ struct BatchGuard {
 };
 
 // Tokens about to be discarded from the live cache that make it worth saving to the RAM cache.
-constexpr int kMinSaveTokens = 64;
+constexpr int kMinSaveTokens = 32;
 
 }  // namespace
 

@@ -11,6 +11,13 @@ driver's: this also checks that both agree).
 Negative control: the same test with the deliberately wrong acceptance rule ``u < p`` (instead
 of ``u * q < p``, test hook of the native driver) must fail decisively; otherwise the test
 would not be able to see a broken acceptance rule.
+
+With repetition penalties (the window sees the prompt and every earlier token) and with a GBNF
+grammar, the exact marginals condition each position on the tokens before it (penalties through
+``sampling.processed_probs(..., history)``, the grammar through the set of tokens it allows,
+computed here from the tiny vocabulary's pieces). Two more negative controls must fail: the
+penalty state advanced with all the drafts of a cycle before verifying (SGLang #33643's bug),
+and the residual / bonus drawn without the penalties.
 """
 
 from __future__ import annotations
@@ -25,21 +32,43 @@ PROMPT = [1, 9, 30, 17, 22]
 N_RUNS = 2000
 
 
-def _exact_marginals(dec, sp):
-    """Exact P(t1), P(t2), P(t3) of target-only sampling with params ``sp`` (shape [3, V])."""
+# GRAMMAR allows the tokens spelled with its characters only (TINY_VOCAB pieces), and the end
+# of generation once one character was emitted.
+GRAMMAR = "root ::= [_abcdefg]+"
+GRAMMAR_CHARS = set("_abcdefg")
+
+
+def _allowed_mask(V, n_emitted):
+    from tiny_models import TINY_VOCAB
+
+    ok = np.array([all(c in GRAMMAR_CHARS for c in piece) for piece in TINY_VOCAB[:V]], dtype=float)
+    ok[2] = 1.0 if n_emitted > 0 else 0.0  # </s>: the grammar may end after one character
+    ok[[0, 1, 3]] = 0.0
+    return ok
+
+
+def _probs(eng, ctx, sp, grammar):
     from dflash2_gguf.sampling import processed_probs
 
+    history = ctx if sp.penalize_prompt else ctx[len(PROMPT):]
+    logits = np.array(eng.target_logits(ctx)[len(ctx) - 1], dtype=np.float32)
+    if grammar:
+        logits[_allowed_mask(logits.shape[0], len(ctx) - len(PROMPT)) == 0] = -np.inf
+    return processed_probs(logits, sp, history)
+
+
+def _exact_marginals(dec, sp, grammar=False):
+    """Exact P(t1), P(t2), P(t3) of target-only sampling with params ``sp`` (shape [3, V])."""
     eng = dec.engine
-    n = len(PROMPT)
-    p1 = processed_probs(eng.target_logits(PROMPT)[n - 1], sp)
+    p1 = _probs(eng, PROMPT, sp, grammar)
     V = p1.shape[0]
     m2 = np.zeros(V)
     m3 = np.zeros(V)
     for t1 in np.nonzero(p1)[0]:
-        p2 = processed_probs(eng.target_logits(PROMPT + [int(t1)])[n], sp)
+        p2 = _probs(eng, PROMPT + [int(t1)], sp, grammar)
         m2 += p1[t1] * p2
         for t2 in np.nonzero(p2)[0]:
-            p3 = processed_probs(eng.target_logits(PROMPT + [int(t1), int(t2)])[n + 1], sp)
+            p3 = _probs(eng, PROMPT + [int(t1), int(t2)], sp, grammar)
             m3 += p1[t1] * p2[t2] * p3
     return np.stack([p1, m2, m3])
 
@@ -59,20 +88,23 @@ def _chi2_pvalue(counts, probs):
     return float(chisquare(obs_b, exp_b).pvalue)
 
 
-def _run(target, drafter, sp, wrong=False):
+def _run(target, drafter, sp, fault=0):
     import dataclasses
 
     from dflash2_gguf import DFlashDecoder
 
     with DFlashDecoder(target, None, n_ctx=64, n_threads=1) as alone:
-        exact = _exact_marginals(alone, sp)
+        exact = _exact_marginals(alone, sp, grammar=bool(sp.grammar))
+        if sp.grammar:  # the oracle's mask is the grammar's: same marginals from the driver alone
+            r = alone.generate(PROMPT, max_tokens=3, sampling=sp, ignore_eos=True)
+            assert all(_allowed_mask(exact.shape[1], i)[t] for i, t in enumerate(r.tokens))
     V = exact.shape[1]
     counts = np.zeros((3, V))
     from_draft = 0
     with DFlashDecoder(target, drafter, n_ctx=64, n_threads=1) as dec:
         for seed in range(N_RUNS):
             r = dec.generate(PROMPT, max_tokens=3, sampling=dataclasses.replace(sp, seed=seed), ignore_eos=True,
-                             _test_fault=1 if wrong else 0)
+                             _test_fault=fault)
             assert len(r.tokens) == 3
             for i, t in enumerate(r.tokens):
                 counts[i, t] += 1
@@ -106,7 +138,32 @@ def test_speculative_sampling_matches_target_distribution(native_ext, tiny_llama
 
 @pytest.mark.parametrize("version", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_negative_control_wrong_acceptance_rule_fails(native_ext, tiny_llama, tiny_drafters, version):
-    pvals, _ = _run(tiny_llama, tiny_drafters[version], _sp(), wrong=True)
+    pvals, _ = _run(tiny_llama, tiny_drafters[version], _sp(), fault=1)
     assert pvals[0] > 1e-3  # the prefill token does not go through verification
     print("wrong-rule p-values", pvals)
     assert min(pvals[1:]) < 1e-6, pvals
+
+
+PENALTIES = dict(presence_penalty=1.5, frequency_penalty=0.5, repeat_penalty=1.3)
+
+
+@pytest.mark.parametrize("version, params", [
+    (2, PENALTIES),
+    pytest.param(1, PENALTIES, marks=pytest.mark.slow),
+    (2, {"grammar": GRAMMAR}),
+    pytest.param(2, dict(PENALTIES, grammar=GRAMMAR, top_k=16, penalize_prompt=False), marks=pytest.mark.slow),
+])
+def test_lossless_with_penalties_and_grammar(native_ext, tiny_llama, tiny_drafters, version, params):
+    pvals, accepted_first = _run(tiny_llama, tiny_drafters[version], _sp(**params))
+    assert accepted_first > 0.05, accepted_first
+    print("p-values", pvals, "first draft accepted", accepted_first)
+    assert min(pvals) > 1e-3, pvals
+
+
+@pytest.mark.parametrize("fault, name", [(2, "penalty state advanced with the drafts"),
+                                         (3, "next token drawn without the penalties")])
+def test_negative_controls_penalty_state(native_ext, tiny_llama, tiny_drafters, fault, name):
+    pvals, _ = _run(tiny_llama, tiny_drafters[2], _sp(**PENALTIES), fault=fault)
+    print(name, "p-values", pvals)
+    assert pvals[0] > 1e-3  # the prefill token does not go through verification
+    assert min(pvals[1:]) < 1e-6, (name, pvals)
