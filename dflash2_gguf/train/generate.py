@@ -303,7 +303,7 @@ def generate_capture_shards(target_gguf: str | Path, prompts: Sequence[str], out
                             seqs_per_shard: int = 128, n_parallel: int = 16, n_ctx_seq: int = 1024,
                             n_threads: int | None = None, n_gpu_layers: int = 0,
                             mode: str = "inline", progress: bool = True, source: str = "",
-                            max_shards: int | None = None) -> list[Path]:
+                            max_shards: int | None = None, n_batch: int = 2048) -> list[Path]:
     """Shards of target features for ``prompts`` (the order given), ``seqs_per_shard`` prompts per
     shard; resumable (finished shards are kept; in ``prefill`` mode responses already in
     ``responses.jsonl`` are reused).
@@ -315,6 +315,7 @@ def generate_capture_shards(target_gguf: str | Path, prompts: Sequence[str], out
     Shard ``k`` holds prompts ``k*seqs_per_shard .. (k+1)*seqs_per_shard - 1``. Existing shards
     must have been made with the same prompt order, ``seqs_per_shard`` and layer ids (the
     layer ids are checked). Logs tokens/s of each phase to stderr. Returns all shard paths.
+    ``n_batch``: most tokens per generation decode (see :class:`BatchedGreedyGenerator`).
     """
     from .capture import LlamaFeatureCapture
     from .data import ShardMeta, read_shard_meta, write_shard
@@ -346,7 +347,7 @@ def generate_capture_shards(target_gguf: str | Path, prompts: Sequence[str], out
                    initial=(n_shards - len(todo)) * seqs_per_shard, desc="data (sequences)",
                    dynamic_ncols=True, file=sys.stderr)
     inline = mode == "inline"
-    gen = BatchedGreedyGenerator(target_gguf, n_parallel=n_parallel, n_ctx_seq=n_ctx_seq,
+    gen = BatchedGreedyGenerator(target_gguf, n_parallel=n_parallel, n_ctx_seq=n_ctx_seq, n_batch=n_batch,
                                  n_threads=n_threads, n_gpu_layers=n_gpu_layers, kv_unified=inline,
                                  target_layer_ids=ids if inline else None)
     cap = None if inline else LlamaFeatureCapture(target_gguf, ids, n_ctx=n_ctx_seq, n_batch=512,
