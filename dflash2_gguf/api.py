@@ -23,8 +23,8 @@ The native extension is loaded on first construction, never at import.
 from __future__ import annotations
 
 import codecs
-import ctypes
 import dataclasses
+import json
 import os
 import threading
 from dataclasses import dataclass
@@ -48,6 +48,11 @@ class GenerationStats:
             ``timings.cache_n``, OpenAI's ``usage.prompt_tokens_details.cached_tokens``).
         n_cache_restored: Of those, tokens restored from the RAM prompt cache (0 when the reused
             prefix was the one live in the contexts).
+        k_hist: ``[k]`` = cycles that verified ``k`` drafts (``k_hist[0]``: plain target decodes).
+        n_drafter_skipped: Cycles in which the adaptive policy did not run the drafter.
+        predicted_tokens_per_second / measured_tokens_per_second: Over the adaptive cycles, the
+            cost model's expected rate of the chosen k (expected tokens / predicted time) and the
+            rate measured (committed tokens / wall time of those cycles); 0 without adaptation.
         n_generated: Generated tokens (including a final EOG token).
         n_cycles: Target verification passes after the prefill (one per draft/verify cycle).
         n_drafted: Draft tokens sent to verification (after ``n_draft_max`` / ``p_min`` / budget
@@ -87,6 +92,10 @@ class GenerationStats:
     stop_reason: str
     n_cached: int = 0
     n_cache_restored: int = 0
+    k_hist: list = dataclasses.field(default_factory=list)
+    n_drafter_skipped: int = 0
+    predicted_tokens_per_second: float = 0.0
+    measured_tokens_per_second: float = 0.0
 
     @classmethod
     def _from_native(cls, d: Mapping[str, Any]) -> "GenerationStats":
@@ -99,6 +108,10 @@ class GenerationStats:
             n_prompt=int(d["n_prompt"]),
             n_cached=int(d["n_cached"]),
             n_cache_restored=int(d["n_cache_restored"]),
+            k_hist=list(d["k_hist"]),
+            n_drafter_skipped=int(d["n_drafter_skipped"]),
+            predicted_tokens_per_second=(1000.0 * d["predicted_tokens"] / d["predicted_ms"]) if d["predicted_ms"] else 0.0,
+            measured_tokens_per_second=(1000.0 * (d["n_committed_cycles"]) / d["measured_ms"]) if d["measured_ms"] else 0.0,
             n_generated=n,
             n_cycles=cyc,
             n_drafted=int(d["n_drafted"]),
@@ -193,6 +206,38 @@ def _cut_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     return (text[:cut], True) if cut >= 0 else (text, False)
 
 
+def _file_id(path) -> Optional[list]:
+    """(real path, size, mtime) of a file: the cost-model cache key part of a model file."""
+    if path is None:
+        return None
+    st = os.stat(path)
+    return [os.path.realpath(path), st.st_size, st.st_mtime_ns]
+
+
+def _cost_models_path() -> Path:
+    from .assets import cache_dir
+
+    return cache_dir() / "cost-models.json"
+
+
+def _load_cost_models() -> dict:
+    try:
+        return json.loads(_cost_models_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_cost_model(key: str, d: dict) -> None:
+    """Add one measured cost model to the cache file (written to a temp file, then renamed)."""
+    path = _cost_models_path()
+    models = _load_cost_models()
+    models[key] = d
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(models, indent=1))
+    os.replace(tmp, path)
+
+
 class DFlashDecoder:
     """A target GGUF plus an optional DFlash/DFlash 2 drafter GGUF, decoded by the native driver.
 
@@ -215,6 +260,13 @@ class DFlashDecoder:
             T = 0" in the README.
         kv_f32_draft: F32 drafter K/V cache instead of F16 (bit-level parity work).
         capture: ``"auto"`` | ``"layer_inp"`` | ``"cb_eval"`` feature capture path.
+        cost_model: The adaptive draft length's cost model: ``"auto"`` measures it on the first
+            adaptive generation (a few target passes of 1..block rows and drafter passes after a
+            short synthetic prompt, about a second on a 2-core CPU) and keeps it in
+            ``<cache>/cost-models.json`` keyed by the two files, threads, GPU layers, flash
+            attention and repacking, so later runs start calibrated; a mapping
+            ``{"verify_ms": [ms of a target pass over 1, 2, ... rows], "draft_ms": ms of a
+            drafter pass}`` sets it; None leaves adaptation off. It updates online as cycles run.
         cache_ram_mib: Budget of the RAM prompt cache in MiB (llama-server's ``--cache-ram``; 0
             turns it off): prefixes (target KV + drafter state) saved before the live prompt
             cache is overwritten, restored when a later prompt shares more with one of them, so
@@ -252,6 +304,7 @@ class DFlashDecoder:
         repack: bool = True,
         capture: str = "auto",
         cache_ram_mib: int = 1024,
+        cost_model: Union[str, Mapping[str, Any], None] = "auto",
         verbose: bool = False,
     ) -> None:
         self._engine = None
@@ -285,7 +338,15 @@ class DFlashDecoder:
         o.cache_ram_mib = int(cache_ram_mib)
         self.target_path = str(target)
         self.drafter_path = None if drafter is None else str(drafter)
+        if not (cost_model in ("auto", None) or isinstance(cost_model, Mapping)):
+            raise ValueError("cost_model must be 'auto', None or {'verify_ms': [...], 'draft_ms': float}")
+        self._cost_key = json.dumps([_file_id(target), _file_id(drafter), o.n_threads, o.n_threads_draft,
+                                     o.n_gpu_layers, o.n_gpu_layers_draft, o.flash_attn, o.repack,
+                                     n.PINNED_LLAMA_CPP_COMMIT])
         self._engine = n.Engine(o)
+        self._cost_mode = cost_model
+        if isinstance(cost_model, Mapping):
+            self._set_costs(cost_model)
 
     @classmethod
     def from_llama(cls, llama: Any, drafter: Union[str, os.PathLike, None] = None, **kwargs: Any) -> "DFlashDecoder":
@@ -357,6 +418,42 @@ class DFlashDecoder:
     @property
     def n_vocab(self) -> int:
         return self.engine.n_vocab
+
+    @property
+    def cost_model(self) -> Optional[dict]:
+        """``{"verify_ms": [...], "draft_ms": float}`` now in use (None before it is measured or
+        set): ms of a target pass over 1, 2, ... rows and of a drafter pass."""
+        c = self.engine.cost_model()
+        return {"verify_ms": list(c.verify_ms), "draft_ms": c.draft_ms} if c.valid else None
+
+    def measure_cost_model(self, reps: int = 3, save: bool = True) -> dict:
+        """Measure the cost model now (clears the prompt cache) and, with ``save``, keep it in
+        ``<cache>/cost-models.json`` for later decoders of the same files and settings."""
+        with self._lock:
+            c = self.engine.measure_costs(int(reps))
+        d = {"verify_ms": list(c.verify_ms), "draft_ms": c.draft_ms}
+        if save:
+            _save_cost_model(self._cost_key, d)
+        return d
+
+    def _set_costs(self, d: Mapping[str, Any]) -> None:
+        from ._native_loader import native
+
+        c = native().CostModel()
+        c.verify_ms = [float(x) for x in d["verify_ms"]]
+        c.draft_ms = float(d.get("draft_ms", 0.0))
+        if not c.valid or any(x <= 0 for x in c.verify_ms):
+            raise ValueError("cost_model verify_ms must be positive milliseconds for 1, 2, ... rows")
+        self.engine.set_cost_model(c)
+
+    def _ensure_costs(self) -> None:
+        if self._cost_mode != "auto" or self.engine.cost_model().valid:
+            return
+        saved = _load_cost_models().get(self._cost_key)
+        if saved and len(saved.get("verify_ms", [])) >= self.block_size:
+            self._set_costs(saved)
+        else:
+            self.measure_cost_model()
 
     # ------------------------------------------------------------------ text
 
@@ -473,6 +570,7 @@ class DFlashDecoder:
         use_drafter: bool = True,
         ignore_eos: bool = False,
         cache_prompt: bool = True,
+        adaptive: bool = True,
         stream: bool = False,
         _test_fault: int = 0,
         **sampling_overrides: Any,
@@ -497,6 +595,13 @@ class DFlashDecoder:
                 last generation's prompt and output, or a prefix saved in the RAM prompt cache):
                 only the rest of the prompt is prefilled (``stats.n_cached`` tells how many were
                 reused). False prefills the whole prompt (llama-server's ``cache_prompt``).
+            adaptive: Choose the number of drafts every cycle (at most ``n_draft_max``) from the
+                cost model and the drafter's confidence, calibrated online; skip the drafter
+                pass while drafting does not pay, probing again from time to time
+                (``native/draft_policy.h``). The output is the same (T = 0) or identically
+                distributed (T > 0) either way; the choice depends on measured timings, so at
+                T > 0 a seed reproduces the distribution, not the exact text. False: always
+                ``n_draft_max`` drafts (llama.cpp's fixed ``--spec-draft-n-max``).
             stream: Return an iterator of :class:`StreamChunk` instead of a result.
             _test_fault: TEST HOOK of the lossless tests' negative controls
                 (``native/acceptance.h`` ``TestFault``); never set it otherwise.
@@ -513,6 +618,9 @@ class DFlashDecoder:
         ids = self._prompt_ids(prompt, messages)
         g, stops, want_lp = self._params(max_tokens, sampling, stop, n_draft_max, p_min, use_drafter, ignore_eos,
                                          cache_prompt, sampling_overrides, _test_fault)
+        g.adaptive = bool(adaptive)
+        if adaptive and use_drafter and self.has_drafter:
+            self._ensure_costs()
         if stream:
             return self._stream(ids, g, stops)
         eng = self.engine

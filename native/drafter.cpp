@@ -127,10 +127,11 @@ int Drafter::draft(int32_t anchor, int pos0, int k_max, const SamplingOptions & 
                 j = rng.draw(d.q);
                 d.cand = cand;
             }
-            if (p_min > 0.0f) {  // temperature-1 probability of the chosen candidate
+            {  // temperature-1 probability of the chosen candidate
                 double z = 0;
                 for (int b = 0; b < K; ++b) if (ok_[b]) z += std::exp((double) scores[b] - scores[j]);
-                if (1.0 / z < p_min) break;
+                d.conf = (float) (1.0 / z);
+                if (p_min > 0.0f && d.conf < p_min) break;
             }
             d.token = cand[j];
             d.slot = j;
@@ -151,11 +152,12 @@ int Drafter::draft(int32_t anchor, int pos0, int k_max, const SamplingOptions & 
                 t = rng.draw(d.q);
             }
             if (t < 0 || buf_[t] == -INFINITY) break;  // nothing allowed
-            if (p_min > 0.0f) {
+            {
                 const float mx = *std::max_element(buf_.begin(), buf_.end());
                 double z = 0;
                 for (int v = 0; v < n_vocab_; ++v) z += std::exp((double) buf_[v] - mx);
-                if (std::exp((double) buf_[t] - mx) / z < p_min) break;
+                d.conf = (float) (std::exp((double) buf_[t] - mx) / z);
+                if (p_min > 0.0f && d.conf < p_min) break;
             }
             d.token = t;
             d.slot = t;

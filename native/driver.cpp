@@ -159,6 +159,8 @@ void Engine::close() {
 // The parity hooks use the contexts for other passes: nothing cached stays valid.
 void Engine::forget_cache() {
     active_ = false;
+    pending_.clear();
+    n_pending_ = 0;
     llama_memory_clear(llama_get_memory(ctx_tgt_), true);
     if (dft_) dft_->clear();
     tokens_.clear();
@@ -305,6 +307,56 @@ int Engine::reuse_prefix(const std::vector<int32_t> & prompt) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// adaptive draft length
+
+void Engine::flush_pending() {
+    if (n_pending_ == 0) return;
+    dft_->inject(pending_.data(), n_pending_, cap_->width(), n_dft_valid_);
+    n_dft_valid_ += n_pending_;
+    n_pending_ = 0;
+    pending_.clear();
+}
+
+CostModel Engine::measure_costs(int reps) {
+    require_open();
+    if (reps < 1) throw std::invalid_argument("reps must be >= 1");
+    const int n = std::min(48, n_ctx_tgt_ / 2);
+    const int rows = std::max(block_size_, 1);
+    if (n + rows + 1 > n_ctx_tgt_) throw Error(kErrContextFull, "n_ctx is too small to measure the cost model");
+    forget_cache();
+    std::vector<int32_t> toks(n + rows);
+    for (int i = 0; i < n + rows; ++i) toks[i] = (int32_t) ((i * 7919 + 13) % n_vocab_);
+    CostModel c;
+    c.verify_ms.assign(rows, 0.0);
+    decode_target(toks.data(), n, 0, false, dft_ != nullptr);
+    if (dft_) inject_rows(0, n, 0);
+    auto median = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
+    for (int r = 1; r <= rows; ++r) {
+        std::vector<double> t;
+        for (int i = 0; i < reps + 1; ++i) {  // the first pass warms up
+            const double t0 = now_ms();
+            decode_target(toks.data() + n, r, n, true, dft_ != nullptr);
+            if (i > 0) t.push_back(now_ms() - t0);
+            llama_memory_seq_rm(llama_get_memory(ctx_tgt_), 0, n, -1);
+        }
+        c.verify_ms[r - 1] = median(t);
+    }
+    if (dft_) {
+        std::vector<double> t;
+        for (int i = 0; i < reps + 1; ++i) {
+            const double t0 = now_ms();
+            dft_->run_block(toks[n], n);
+            if (i > 0) t.push_back(now_ms() - t0);
+            dft_->remove_from(n);
+        }
+        c.draft_ms = median(t);
+    }
+    forget_cache();
+    cost_ = c;
+    return c;
+}
+
+// ---------------------------------------------------------------------------------------------
 // the loop
 
 Chunk Engine::begin(const std::vector<int32_t> & prompt, const GenParams & gp) {
@@ -344,7 +396,10 @@ Chunk Engine::begin(const std::vector<int32_t> & prompt, const GenParams & gp) {
     if (dft_) {
         n_dft_valid_ = std::min(n_dft_valid_, reuse);
         dft_->remove_from(n_dft_valid_);
+        pending_.clear();
+        n_pending_ = 0;
     }
+    gate_.reset();
     stats_.n_cached = reuse;
 
     for (int off = reuse; off < n; off += n_batch_tgt_) {
@@ -390,16 +445,41 @@ Chunk Engine::step() {
     }
     int k_max = 0;
     const bool drafting = dft_ != nullptr && gp_.use_drafter;
-    if (drafting && n_dft_valid_ == P && P + block_size_ <= n_ctx_dft_) {
+    if (drafting && n_dft_valid_ + n_pending_ == P && P + block_size_ <= n_ctx_dft_) {
         k_max = block_size_ - 1;
         if (gp_.n_draft_max >= 0) k_max = std::min(k_max, gp_.n_draft_max);
         k_max = std::min(k_max, remaining - 1);
         k_max = std::min(k_max, n_ctx_tgt_ - 1 - P);
         k_max = std::max(k_max, 0);
     }
+    const double t_cycle = now_ms();
+    // adaptive: run the drafter only while its cycles pay; then verify the k that maximises the
+    // expected tokens per millisecond (draft_policy.h). Nothing here depends on this cycle's
+    // verification.
+    const bool adaptive = gp_.adaptive && cost_.valid() && (int) cost_.verify_ms.size() > k_max;
+    const bool run_drafter = k_max > 0 && (!adaptive || gate_.draft_now(cost_));
+    if (k_max > 0 && !run_drafter) stats_.n_drafter_skipped++;
     double t0 = now_ms();
-    const int k = k_max > 0 ? dft_->draft(anchor, P, k_max, gp_.sampling, state_, rng_, gp_.p_min, drafts_) : 0;
-    if (k_max > 0) stats_.t_draft_ms += now_ms() - t0;
+    int k = 0;
+    double draft_ms = 0;
+    if (run_drafter) {
+        flush_pending();
+        k = dft_->draft(anchor, P, k_max, gp_.sampling, state_, rng_, gp_.p_min, drafts_);
+        draft_ms = now_ms() - t0;
+        stats_.t_draft_ms += draft_ms;
+        cost_.observe_draft(draft_ms);
+    }
+    double pred_tokens = 1.0, pred_ms = adaptive ? cost_.verify_ms[0] : 0.0;
+    if (adaptive && run_drafter) {
+        std::vector<double> acc(k);
+        for (int i = 0; i < k; ++i) acc[i] = calib_.predict(drafts_[i].conf);
+        double rate = 0;
+        const int kc = choose_draft_length(cost_, acc, k, 0.0, &rate);
+        k = kc;
+        pred_tokens = expected_tokens(acc, k);
+        pred_ms = cost_.verify_ms[k] + cost_.draft_ms;
+        gate_.observe_drafting(pred_tokens / pred_ms);
+    }
 
     // verify [anchor, d1..dk] in one target pass
     t0 = now_ms();
@@ -407,7 +487,9 @@ Chunk Engine::step() {
     vt[0] = anchor;
     for (int i = 0; i < k; ++i) vt[i + 1] = drafts_[i].token;
     decode_target(vt.data(), k + 1, P, true, drafting);
-    stats_.t_target_ms += now_ms() - t0;
+    const double verify_ms = now_ms() - t0;
+    stats_.t_target_ms += verify_ms;
+    cost_.observe_verify(k + 1, verify_ms);
 
     // accept: row i sees the committed state advanced by d1..di (a clone; state_ is untouched)
     t0 = now_ms();
@@ -430,7 +512,12 @@ Chunk Engine::step() {
         if (ar.next < 0) throw Error(kErrInternal, "no token is allowed here (the grammar and logit_bias ban every token)");
     }
     const int a = ar.n_accepted;
+    if (run_drafter) {  // calibrate the drafter's confidence: drafts reached, accepted or not
+        for (int i = 0; i < k && i <= a; ++i) calib_.observe(drafts_[i].conf, i < a);
+    }
     stats_.n_cycles++;
+    if ((int) stats_.k_hist.size() <= k) stats_.k_hist.resize(k + 1, 0);
+    stats_.k_hist[k]++;
     stats_.n_drafted += k;
     stats_.n_accepted += a;
     for (int i = 0; i < k && i <= a; ++i) {
@@ -446,14 +533,28 @@ Chunk Engine::step() {
     // roll back: the target keeps anchor + accepted drafts; the last committed token is the next anchor
     n_past_ = P + a + 1;
     llama_memory_seq_rm(llama_get_memory(ctx_tgt_), 0, n_past_, -1);
-    // (also on the last cycle: the next request's prompt cache then reuses the drafter's features
-    // up to the same token as the target's KV)
+    // the features of rows 0..a go to the drafter now when it drafted this cycle, else they wait
+    // in pending_ and go in one batch when it drafts again (also on the last cycle: the next
+    // request's prompt cache then reuses the drafter's features up to the target's KV)
     const int fit = std::min(a + 1, n_ctx_dft_ - P);
-    if (drafting && fit > 0 && n_dft_valid_ == P) {
+    if (drafting && fit > 0 && n_dft_valid_ + n_pending_ == P) {
         t0 = now_ms();
-        inject_rows(0, fit, P);
-        n_dft_valid_ = P + fit;
+        if (n_pending_ == 0 && (run_drafter || done_)) {
+            inject_rows(0, fit, P);
+            n_dft_valid_ = P + fit;
+        } else {
+            const size_t w = (size_t) cap_->width();
+            cap_->gather(ctx_tgt_, 0, fit, feat_);
+            pending_.insert(pending_.end(), feat_.begin(), feat_.begin() + (size_t) fit * w);
+            n_pending_ += fit;
+            if (done_) flush_pending();
+        }
         stats_.t_inject_ms += now_ms() - t0;
+    }
+    if (adaptive) {
+        stats_.predicted_tokens += pred_tokens;
+        stats_.predicted_ms += pred_ms;
+        stats_.measured_ms += now_ms() - t_cycle;
     }
     c.done = done_;
     stats_.t_total_ms = now_ms() - t_begin_;

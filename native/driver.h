@@ -16,6 +16,7 @@
 #include "error.h"
 #include "acceptance.h"
 #include "capture.h"
+#include "draft_policy.h"
 #include "drafter.h"
 #include "prompt_cache.h"
 #include "sampling.h"
@@ -58,6 +59,7 @@ struct GenParams {
     bool     use_drafter = true;
     bool     ignore_eog  = false;
     bool     cache_prompt = true;  // reuse the longest common prefix with the cached state
+    bool     adaptive    = true;   // choose k per cycle (draft_policy.h); false: always n_max
     std::vector<std::string> stop; // stop strings (checked on the detokenized output)
     // TEST HOOK (negative controls of the lossless tests, acceptance.h TestFault). Never set it
     // outside tests: the output distribution is then wrong.
@@ -82,6 +84,11 @@ struct Stats {
     double t_sample_ms    = 0;  // acceptance + target sampling on the host
     double t_total_ms     = 0;  // begin() to the last step()
     std::string stop_reason;    // "length" | "eog" | "stop" | "context" | ""
+    // adaptive draft length (draft_policy.h)
+    std::vector<int64_t> k_hist;  // [k]: cycles that verified k drafts
+    int64_t n_drafter_skipped = 0; // cycles that did not run the drafter (gate closed)
+    double predicted_tokens = 0, predicted_ms = 0;  // sums over cycles, from the cost model
+    double measured_ms = 0;     // wall time of those cycles (draft + verify + accept + inject)
 };
 
 // Tokens committed by one call to begin() (the prefill's first token) or step() (one cycle).
@@ -132,6 +139,12 @@ class Engine {
     std::string target_arch() const { return arch_tgt_; }
     std::vector<int32_t> target_layers() const { return lids_; }
     llama_model * target_model() const { return model_tgt_; }
+    // Cost model of the adaptive draft length: measured here (reps passes per row count after a
+    // short synthetic prompt; clears the caches), or set from a saved measurement; both update
+    // online as cycles run.
+    CostModel measure_costs(int reps);
+    void set_cost_model(const CostModel & c) { cost_ = c; }
+    const CostModel & cost_model() const { return cost_; }
     // Prompt cache: tokens the target holds now, and the RAM cache's entries / bytes.
     int n_cached_tokens() const { return n_past_; }
     const PromptCache * prompt_cache() const { return cache_.get(); }
@@ -189,6 +202,14 @@ class Engine {
     std::string gen_text_;
     std::vector<uint8_t> gen_from_draft_;
     double t_begin_ = 0;
+
+    // adaptive draft length
+    CostModel cost_;
+    AcceptanceCalibration calib_;
+    DraftGate gate_;
+    std::vector<float> pending_;   // features of rows not yet injected: positions n_dft_valid_..
+    int n_pending_ = 0;
+    void flush_pending();
 
     // per-cycle scratch
     std::vector<DraftRow> drafts_;

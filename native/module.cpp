@@ -67,6 +67,11 @@ nb::dict stats_dict(const dflash2::Stats & s) {
     d["t_sample_ms"] = s.t_sample_ms;
     d["t_total_ms"] = s.t_total_ms;
     d["stop_reason"] = s.stop_reason;
+    d["k_hist"] = s.k_hist;
+    d["n_drafter_skipped"] = s.n_drafter_skipped;
+    d["predicted_tokens"] = s.predicted_tokens;
+    d["predicted_ms"] = s.predicted_ms;
+    d["measured_ms"] = s.measured_ms;
     return d;
 }
 
@@ -150,8 +155,22 @@ NB_MODULE(_native, m) {
         .def_rw("use_drafter", &dflash2::GenParams::use_drafter)
         .def_rw("ignore_eog", &dflash2::GenParams::ignore_eog)
         .def_rw("cache_prompt", &dflash2::GenParams::cache_prompt)
+        .def_rw("adaptive", &dflash2::GenParams::adaptive)
         .def_rw("stop", &dflash2::GenParams::stop)
         .def_rw("test_fault", &dflash2::GenParams::test_fault);
+
+    nb::class_<dflash2::CostModel>(m, "CostModel")
+        .def(nb::init<>())
+        .def_rw("verify_ms", &dflash2::CostModel::verify_ms)
+        .def_rw("draft_ms", &dflash2::CostModel::draft_ms)
+        .def_prop_ro("valid", &dflash2::CostModel::valid);
+    m.def("choose_draft_length", [](const dflash2::CostModel & c, const std::vector<double> & a, int k_max, double draft_ms) {
+        double rate = 0;
+        const int k = dflash2::choose_draft_length(c, a, k_max, draft_ms, &rate);
+        return nb::make_tuple(k, rate);
+    }, "cost"_a, "accept"_a, "k_max"_a, "draft_ms"_a = 0.0,
+    "(k, tokens per ms): the k in 0..k_max maximising E(k) / (verify_ms[k] + draft_ms if k > 0), "
+    "E(k) = 1 + sum_i prod_{j<=i} accept[j] (native/draft_policy.h).");
 
     nb::class_<dflash2::Engine>(m, "Engine")
         .def(nb::init<const dflash2::EngineOptions &>(), "options"_a, nb::call_guard<nb::gil_scoped_release>())
@@ -168,6 +187,9 @@ NB_MODULE(_native, m) {
         .def_prop_ro("target_arch", &dflash2::Engine::target_arch)
         .def_prop_ro("target_layers", &dflash2::Engine::target_layers)
         .def_prop_ro("n_cached_tokens", &dflash2::Engine::n_cached_tokens)
+        .def("measure_costs", &dflash2::Engine::measure_costs, "reps"_a = 3, nb::call_guard<nb::gil_scoped_release>())
+        .def("set_cost_model", &dflash2::Engine::set_cost_model, "cost"_a)
+        .def("cost_model", &dflash2::Engine::cost_model)
         .def("prompt_cache_info", [](const dflash2::Engine & e) {
             nb::dict d;
             const auto * c = e.prompt_cache();

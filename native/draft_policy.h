@@ -1,0 +1,68 @@
+// How many drafts to verify each cycle (draft_policy.cpp): a measured cost model and the
+// drafter's own confidence, calibrated online against the acceptances seen so far.
+//
+// Expected tokens committed by a cycle that verifies k drafts whose conditional acceptance
+// probabilities are a_1..a_k (a_i = P(draft i accepted | drafts before it accepted)):
+//   E(k) = 1 + sum_{i=1..k} prod_{j<=i} a_j          (the bonus / next token always commits)
+// (Leviathan et al. 2023, section 3.1, with per-position rates instead of one alpha). The cycle
+// costs verify_ms[k] (a target pass over k + 1 rows) plus the drafter pass when one runs. The
+// policy picks the k that maximises E(k) / cost(k); k = 0 is a plain target decode.
+//
+// Nothing here reads the current cycle's verification: the choice uses timings and acceptances
+// of earlier cycles and the drafter's probabilities of this cycle's drafts, which are fixed
+// before the target sees them. So the output stays exactly the target's at T = 0 and keeps its
+// distribution at T > 0 whatever k is chosen (acceptance.cpp does not depend on k).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace dflash2 {
+
+// Milliseconds of a target pass over r rows (verify_ms[r-1], r = 1..block size) and of a drafter
+// block pass, on this machine and backend. Empty verify_ms = not measured yet.
+struct CostModel {
+    std::vector<double> verify_ms;
+    double draft_ms = 0.0;
+    bool valid() const { return !verify_ms.empty() && verify_ms[0] > 0.0; }
+    // Exponential moving average update with a new measurement (alpha 0.1; the first sets it).
+    void observe_verify(int rows, double ms);
+    void observe_draft(double ms);
+};
+
+// The exact argmax over k = 0..min(k_max, a.size()) of E(k) / (verify_ms[k] + (k > 0 ? draft_ms : 0)),
+// ties to the larger k (a flat cost curve then drafts the whole block). `rate` (if set) receives the best value in tokens per millisecond.
+// draft_ms is what drafting still costs at decision time (0 once the drafter pass has run).
+int choose_draft_length(const CostModel & cost, const std::vector<double> & a, int k_max, double draft_ms,
+                        double * rate = nullptr);
+
+// E(k) for the first k entries of a.
+double expected_tokens(const std::vector<double> & a, int k);
+
+// Per-position acceptance from the drafter's probability of each draft: 10 confidence bins,
+// each estimating P(accepted | reached, confidence in bin) from the counts seen so far, with the
+// confidence itself as a prior worth kPrior observations.
+class AcceptanceCalibration {
+  public:
+    double predict(double confidence) const;
+    void observe(double confidence, bool accepted);
+    static constexpr int kBins = 10;
+    static constexpr double kPrior = 4.0;
+  private:
+    double reached_[kBins] = {0}, accepted_[kBins] = {0};
+};
+
+// Whether to run the drafter this cycle: when its recent cycles delivered fewer expected tokens
+// per millisecond than a plain decode, skip it, and probe again after 4, 8, ... 64 skipped cycles
+// (doubling while probes keep losing).
+class DraftGate {
+  public:
+    bool draft_now(const CostModel & cost) ;
+    void observe_drafting(double rate);  // the chosen k's predicted rate, cycles that drafted
+    void reset();
+  private:
+    double rate_ = -1.0;   // EMA of drafting cycles' predicted tokens/ms (-1: none yet)
+    int skipped_ = 0, interval_ = 4;
+};
+
+}  // namespace dflash2
