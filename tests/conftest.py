@@ -90,3 +90,22 @@ def smollm2_drafters(tmp_path_factory, smollm2_gguf):
         ck = make_dflash_checkpoint(root / f"hf_v{v}", version=v, seed=v)
         out[v] = convert_hf_to_gguf(ck, smollm2_gguf, root / f"smol_v{v}.gguf", outtype="q8_0", force=True)
     return out
+
+
+@pytest.fixture(scope="session")
+def qwen25_drafter(tmp_path_factory, qwen25_05b_gguf):
+    """A random 2-layer DFlash 2 drafter for Qwen2.5-Coder-0.5B (hidden 896, target layers 1/11/20
+    of 24, block 8, the target GGUF's vocabulary), q8_0, converted with our converter from a
+    checkpoint in the authors' format (no trained drafter exists for this target)."""
+    from checkpoints import make_dflash_checkpoint
+    from convert import convert_hf_to_gguf
+
+    from dflash2_gguf.server.context import read_model_info
+
+    root = tmp_path_factory.mktemp("qwen25_drafter")
+    ck = make_dflash_checkpoint(root / "hf", version=2, hidden_size=896, intermediate_size=1536, num_layers=2,
+                                num_heads=14, num_kv_heads=2, head_dim=64,
+                                vocab_size=read_model_info(qwen25_05b_gguf).n_vocab,
+                                target_layer_ids=(1, 11, 20), num_target_layers=24, block_size=8, seed=5,
+                                selector_rank=64)
+    return convert_hf_to_gguf(ck, qwen25_05b_gguf, root / "qwen25_v2.gguf", outtype="q8_0", force=True)

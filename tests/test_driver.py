@@ -31,8 +31,11 @@ def _prompts(n):
 def _decoder(target, drafter=None, **kw):
     from dflash2_gguf import DFlashDecoder
 
+    from tiny_models import FLAT_COSTS
+
     kw.setdefault("n_ctx", 512)
     kw.setdefault("n_threads", 1)
+    kw.setdefault("cost_model", FLAT_COSTS)
     return DFlashDecoder(target, drafter, **kw)
 
 

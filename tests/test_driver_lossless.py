@@ -101,7 +101,9 @@ def _run(target, drafter, sp, fault=0):
     V = exact.shape[1]
     counts = np.zeros((3, V))
     from_draft = 0
-    with DFlashDecoder(target, drafter, n_ctx=64, n_threads=1) as dec:
+    from tiny_models import FLAT_COSTS
+
+    with DFlashDecoder(target, drafter, n_ctx=64, n_threads=1, cost_model=FLAT_COSTS) as dec:
         for seed in range(N_RUNS):
             r = dec.generate(PROMPT, max_tokens=3, sampling=dataclasses.replace(sp, seed=seed), ignore_eos=True,
                              _test_fault=fault)

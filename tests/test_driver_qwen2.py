@@ -67,7 +67,10 @@ def _run_pair(target: str, drafter: str) -> list[dict]:
     llm = llama_cpp.Llama(target, n_ctx=512, n_threads=2, n_threads_batch=2, flash_attn=True, verbose=False)
     capi.llama_model_default_params = default_params
     out = []
-    with DFlashDecoder(target, drafter, n_ctx=512, n_threads=2, flash_attn=True, repack=False) as dec:
+    from tiny_models import FLAT_COSTS
+
+    with DFlashDecoder(target, drafter, n_ctx=512, n_threads=2, flash_attn=True, repack=False,
+                       cost_model=FLAT_COSTS) as dec:
         assert dec.capture_path == "cb_eval" and dec.drafter_version == 2
         for text in PROMPTS:
             ids = dec.tokenize(text)

@@ -77,7 +77,9 @@ def _check(smollm2_gguf, drafters, prompts, n_new, n_draft_max_cycle=(None,), n_
     llm = llama_cpp.Llama(str(smollm2_gguf), n_ctx=512, n_threads=n_threads, n_threads_batch=n_threads,
                           flash_attn=True, verbose=False)
     greedy = SamplingParams.greedy_params()
-    kw = dict(n_ctx=512, n_threads=n_threads, flash_attn=True)
+    from tiny_models import FLAT_COSTS
+
+    kw = dict(n_ctx=512, n_threads=n_threads, flash_attn=True, cost_model=FLAT_COSTS)
     max_cells = 0
     with DFlashDecoder(smollm2_gguf, drafters[1], **kw) as d1, DFlashDecoder(smollm2_gguf, drafters[2], **kw) as d2:
         for i, text in enumerate(prompts):

@@ -38,7 +38,10 @@ N_NEW = 32
 def _decoder(smollm2_gguf, **kw):
     from dflash2_gguf import DFlashDecoder
 
-    return DFlashDecoder(smollm2_gguf, SHIPPED, n_ctx=512, n_threads=2, n_batch=32, flash_attn=True, **kw)
+    from tiny_models import FLAT_COSTS
+
+    return DFlashDecoder(smollm2_gguf, SHIPPED, n_ctx=512, n_threads=2, n_batch=32, flash_attn=True,
+                         cost_model=FLAT_COSTS, **kw)
 
 
 def _lcp(a, b):

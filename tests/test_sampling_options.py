@@ -57,7 +57,9 @@ def shipped(native_ext, smollm2_gguf):
     from dflash2_gguf import DFlashDecoder
 
     path = Path(__file__).resolve().parent.parent / SHIPPED
-    with DFlashDecoder(smollm2_gguf, path, n_ctx=512, n_threads=2, flash_attn=True) as dec:
+    from tiny_models import FLAT_COSTS
+
+    with DFlashDecoder(smollm2_gguf, path, n_ctx=512, n_threads=2, flash_attn=True, cost_model=FLAT_COSTS) as dec:
         yield dec
 
 

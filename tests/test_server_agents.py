@@ -36,6 +36,10 @@ TIME = {"type": "function", "function": {
     "name": "get_time", "description": "Current time in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 ASK = [{"role": "user", "content": "What's the weather in Paris right now?"}]
+# The tool result of the live tests. Qwen2.5-Coder-0.5B (the small real target) answers a bare result
+# ("sunny, 21 degrees Celsius", or JSON) by calling the tool again, at T = 0 with or without tools in
+# the request (measured); with this wording it answers in text.
+RESULT = "Paris: sunny, 21 degrees Celsius. Reply to the user in one plain sentence; do not call get_weather again."
 CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 # a chat template with Hermes tool calls (what the fake server detects the format from)
 HERMES_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
@@ -458,3 +462,148 @@ def test_stop_strings_stream_equals_non_stream_and_stopping_word(native_ext, smo
         objs = [json.loads(x[6:]) for x in r.text.split("\n\n") if x.startswith("data: ")]
         assert "".join(o["content"] for o in objs[:-1]) == full[:full.find(stop)]
         assert objs[-1]["stopping_word"] == stop
+
+
+# ---------------------------------------------------------------------------- real Qwen2.5-Coder target
+
+class ServerProcess:
+    """``python -m dflash2_gguf.server ARGS`` on 127.0.0.1:<free port> in a subprocess (its own
+    environment: ggml reads ``GGML_CPU_TILED_MM`` once per process)."""
+
+    def __init__(self, args: list, env: dict) -> None:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        self.port = s.getsockname()[1]
+        s.close()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args, self.env = args, env
+        self.proc = None
+
+    def __enter__(self) -> "ServerProcess":
+        self.proc = subprocess.Popen([sys.executable, "-m", "dflash2_gguf.server", *self.args, "--port",
+                                      str(self.port), "--log-level", "warning"], env=self.env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.proc.stderr.read()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.__exit__()
+        raise RuntimeError("server did not become ready in 300 s")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def qwen_server(native_ext, qwen25_05b_gguf, qwen25_drafter):
+    """The real Qwen2.5-Coder-0.5B target with a random DFlash 2 drafter, settings for exact T = 0
+    (``-nr``, ``-fa on``, ``GGML_CPU_TILED_MM=0``, one thread: exact beyond 256 cells too)."""
+    env = dict(os.environ, GGML_CPU_TILED_MM="0", OMP_WAIT_POLICY="passive")
+    args = ["-m", str(qwen25_05b_gguf), "-md", str(qwen25_drafter), "--spec-draft-n-max", "3", "-c", "1024",
+            "-t", "1", "-td", "1", "-nr", "-fa", "on", "--temp", "0", "--alias", "qwen"]
+    with ServerProcess(args, env) as srv:
+        yield srv
+
+
+def _transcript(c, drafter: bool) -> dict:
+    """Ask, call the tool, answer with its result; streamed and not. Returns what was said."""
+    x = {"use_drafter": drafter}
+    r = c.chat.completions.create(model="qwen", messages=ASK, tools=[WEATHER], temperature=0, max_tokens=48,
+                                  extra_body=x)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls", ch.message
+    [call] = ch.message.tool_calls
+    args = json.loads(call.function.arguments)
+    assert call.function.name == "get_weather" and isinstance(args, dict) and "city" in args
+    t = r.model_extra["timings"]
+    assert (t["draft_n"] > 0) == drafter
+    chunks = list(c.chat.completions.create(model="qwen", messages=ASK, tools=[WEATHER], temperature=0,
+                                            max_tokens=48, stream=True, extra_body=x))
+    _, _, calls, finish = _accumulate(chunks)
+    assert finish == "tool_calls"
+    assert [(k["name"], k["arguments"]) for k in calls] == [(call.function.name, call.function.arguments)]
+    hist = ASK + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump(exclude_none=True)]},
+                  {"role": "tool", "tool_call_id": call.id, "content": RESULT}]
+    r2 = c.chat.completions.create(model="qwen", messages=hist, tools=[WEATHER], temperature=0, max_tokens=40,
+                                   extra_body=x)
+    answer = r2.choices[0].message.content
+    assert answer and r2.choices[0].message.tool_calls is None
+    named = c.chat.completions.create(model="qwen", messages=[{"role": "user", "content": "Time in Oslo?"}],
+                                      tools=[WEATHER, TIME], temperature=0, max_tokens=32, extra_body=x,
+                                      tool_choice={"type": "function", "function": {"name": "get_time"}})
+    [nc] = named.choices[0].message.tool_calls
+    assert nc.function.name == "get_time" and isinstance(json.loads(nc.function.arguments).get("city"), str)
+    return {"call": (call.function.name, args), "answer": answer, "usage": r2.usage.completion_tokens,
+            "named": (nc.function.name, json.loads(nc.function.arguments))}
+
+
+@pytest.mark.slow
+@pytest.mark.native
+def test_real_target_tool_calls_same_with_and_without_drafter(qwen_server):
+    c = openai.OpenAI(base_url=qwen_server.url + "/v1", api_key="x", max_retries=0, timeout=600)
+    on, off = _transcript(c, True), _transcript(c, False)
+    assert on == off
+    assert "21" in on["answer"] or "sunny" in on["answer"].lower(), on
+
+
+@pytest.mark.slow
+@pytest.mark.native
+def test_real_target_responses_and_messages_tool_call(qwen_server):
+    anthropic = pytest.importorskip("anthropic")
+    c = openai.OpenAI(base_url=qwen_server.url + "/v1", api_key="x", max_retries=0, timeout=600)
+    tool = {"type": "function", "name": "get_weather", "description": "Current weather in a city",
+            "parameters": WEATHER["function"]["parameters"]}
+    r = c.responses.create(model="qwen", input=ASK[0]["content"], tools=[tool], temperature=0, max_output_tokens=48)
+    [fc] = [o for o in r.output if o.type == "function_call"]
+    assert fc.name == "get_weather" and "city" in json.loads(fc.arguments)
+    a = anthropic.Anthropic(base_url=qwen_server.url, api_key="x", max_retries=0, timeout=600)
+    atool = {"name": "get_weather", "description": "Current weather in a city",
+             "input_schema": WEATHER["function"]["parameters"]}
+    with a.messages.stream(model="qwen", max_tokens=48, temperature=0, tools=[atool], messages=ASK) as s:
+        m = s.get_final_message()
+    [tu] = [b for b in m.content if b.type == "tool_use"]
+    assert m.stop_reason == "tool_use" and tu.name == "get_weather" and isinstance(tu.input.get("city"), str)
+
+
+@pytest.mark.slow
+@pytest.mark.native
+def test_openai_agents_sdk_two_step_task(qwen_server):
+    """The OpenAI Agents SDK runs a function tool against the server: the model calls the tool, the
+    SDK runs it and sends the result back, and the final answer carries the tool's result."""
+    agents = pytest.importorskip("agents")
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    seen = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Current weather in a city.
+
+        Args:
+            city: The city name.
+        """
+        seen.append(city)
+        return RESULT
+
+    client = openai.AsyncOpenAI(base_url=qwen_server.url + "/v1", api_key="x", max_retries=0, timeout=600)
+    agent = Agent(name="weather", instructions="Use the tools to answer.", tools=[get_weather],
+                  model=OpenAIChatCompletionsModel(model="qwen", openai_client=client),
+                  model_settings=ModelSettings(temperature=0, max_tokens=48))
+    result = Runner.run_sync(agent, "What's the weather in Paris right now?", max_turns=4)
+    assert seen and "paris" in seen[0].lower()
+    out = str(result.final_output)
+    assert "21" in out or "sunny" in out.lower(), out
+    assert agents  # imported: the SDK is installed

@@ -21,11 +21,17 @@ import numpy as np
 
 import gguf
 
-__all__ = ["TINY_VOCAB", "MASK_ID", "write_tiny_target", "tiny_drafter", "rewrite_gguf", "read_tensor"]
+__all__ = ["FLAT_COSTS", "TINY_VOCAB", "MASK_ID", "write_tiny_target", "tiny_drafter", "rewrite_gguf", "read_tensor"]
 
 _PIECES = ["_" + c for c in "abcdefghijklmnopqrstuvwxyz"] + list("abcdefghijklmnopqr")
 TINY_VOCAB = ["<unk>", "<s>", "</s>", "<mask>"] + _PIECES  # 48 tokens
 MASK_ID = 3
+
+#: A GPU-like cost model for ``DFlashDecoder(cost_model=...)``: a verify pass costs the same for
+#: any number of rows and the drafter nothing, so the adaptive policy (on, as by default) drafts
+#: the whole block every cycle; tests of exactness with random drafters use it so that drafting
+#: never stops (tests/test_draft_policy.py covers the policy's own choices).
+FLAT_COSTS = {"verify_ms": [10.0] * 16, "draft_ms": 0.0}
 
 
 def _write(w: gguf.GGUFWriter) -> None:
