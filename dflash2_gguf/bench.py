@@ -40,6 +40,7 @@ Nothing here imports native code or llama_cpp at import time.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -77,6 +78,10 @@ def add_bench_args(p) -> None:
     p.add_argument("--prompt-lookup", action="store_true",
                    help="also run llama-cpp-python with and without LlamaPromptLookupDecoding")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--spec-draft-adaptive", choices=("on", "off"), default="on",
+                   help="adaptive draft length (default on; off: always --spec-draft-n-max drafts)")
+    p.add_argument("--sweep", action="store_true",
+                   help="instead: tokens/s of the target alone, every fixed k and the adaptive policy on the same requests")
 
 
 def run_from_args(args) -> int:
@@ -96,14 +101,26 @@ def run_from_args(args) -> int:
         raise ValueError("--n-prompts must be >= 1")
     if args.temp < 0:
         raise ValueError("--temp must be >= 0")
+    dkw = {k: v for k, v in decoder_kwargs(args).items() if k not in ("n_ctx", "n_threads")}
+    if args.sweep:
+        from .bench_run import run_sweep, sweep_markdown
+
+        rep = run_sweep(args.model, md, args.dataset, n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens,
+                        temperature=args.temp, seed=args.seed, n_threads=args.threads, n_ctx=args.ctx_size,
+                        decoder_kwargs=dkw, progress=not args.no_progress)
+        print(sweep_markdown(rep))
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / "sweep.json").write_text(json.dumps(rep, indent=1))
+        return 0
     try:
         report = run_bench(
             args.model, md, args.dataset, n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens,
             temperature=args.temp, seed=args.seed, out=args.out, n_draft_max=args.spec_draft_n_max,
             n_threads=args.threads, n_ctx=args.ctx_size,
-            decoder_kwargs={k: v for k, v in decoder_kwargs(args).items() if k not in ("n_ctx", "n_threads")},
+            decoder_kwargs=dkw,
             warmup=not args.no_warmup, upstream=args.upstream, prompt_lookup=args.prompt_lookup,
-            progress=not args.no_progress,
+            progress=not args.no_progress, adaptive=args.spec_draft_adaptive == "on",
         )
         failed = []
     except ComparisonFailed as e:

@@ -18,7 +18,7 @@ from .bench_stats import RequestResult, first_mismatch, nan_to_none, run_dict, s
 from .chat import chat_prompt_ids
 from .prompt_sets import load_prompts
 
-__all__ = ["run_bench", "ComparisonFailed"]
+__all__ = ["run_sweep", "sweep_markdown", "run_bench", "ComparisonFailed"]
 
 
 class ComparisonFailed(RuntimeError):
@@ -49,6 +49,7 @@ def run_bench(
     upstream: bool = False,
     prompt_lookup: bool = False,
     progress: bool = True,
+    adaptive: bool = True,
 ) -> dict:
     """Run the benchmark and return the report (a JSON-ready dict); write files into ``out``.
 
@@ -70,6 +71,8 @@ def run_bench(
             (:mod:`.bench_compare`; the binaries must be built, see there).
         prompt_lookup: Also run llama-cpp-python with and without ``LlamaPromptLookupDecoding``.
         progress: tqdm bar on stderr.
+        adaptive: The drafter runs with the adaptive draft length (``generate(adaptive=...)``;
+            False: always ``n_draft_max`` drafts). The cost model in use goes into the report.
 
     Raises:
         ComparisonUnavailable: a requested comparison cannot run (checked before anything loads).
@@ -102,7 +105,7 @@ def run_bench(
             raise ValueError("the benchmark needs a drafter (-md)")
         block = dec.block_size
         nmax = block - 1 if n_draft_max is None else int(n_draft_max)
-        gen = dict(max_tokens=max_new_tokens, n_draft_max=n_draft_max)
+        gen = dict(max_tokens=max_new_tokens, n_draft_max=n_draft_max, adaptive=adaptive)
         if warmup:
             msgs = [{"role": "user", "content": prompts[0][0]}]
             for use in (False, True):
@@ -143,7 +146,8 @@ def run_bench(
                       n_draft_max=nmax, block_size=block, drafter_version=dec.drafter_version,
                       threads=n_threads, n_ctx=n_ctx, capture_path=dec.capture_path,
                       prompt_pick="random.Random(42).shuffle", warmup=warmup,
-                      flash_attn=kw.get("flash_attn"), repack=kw.get("repack", True))
+                      flash_attn=kw.get("flash_attn"), repack=kw.get("repack", True), adaptive=adaptive,
+                      cost_model=dec.cost_model)
     if not requests:
         raise ValueError("no prompt fits the context: raise -c or lower --max-new-tokens")
     summary = summarize(requests, block)
@@ -159,3 +163,104 @@ def run_bench(
     if errors:
         raise ComparisonFailed(report, errors)
     return report
+
+
+def run_sweep(
+    target: str,
+    drafter: str,
+    dataset: str,
+    *,
+    n_prompts: int = 10,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    seed: int = 0,
+    n_threads: Optional[int] = None,
+    n_ctx: int = 4096,
+    decoder_kwargs: Optional[dict] = None,
+    progress: bool = True,
+) -> dict:
+    """Tokens/s of every draft-length policy on the same requests, in one run (issue 14): the
+    target alone, every fixed k = 1..n_max (k = n_max is the fixed full block) and the adaptive
+    policy, each request run by every configuration back to back (so drift in machine speed hits
+    all alike). First turns of ``dataset`` only.
+
+    Returns:
+        ``{"config": ..., "cost_model": {...}, "rows": [{"name", "tokens", "seconds",
+        "tokens_per_second", "acceptance_length", "ratio_vs_alone"}, ...],
+        "adaptive_vs_best_fixed": float, "adaptive_vs_alone": float, "identical": bool}``;
+        ``identical`` (T = 0): every configuration gave the target-alone tokens.
+    """
+    from .api import DFlashDecoder
+    from .sampling import SamplingParams
+
+    prompts = [t[0] for t in load_prompts(dataset, n_prompts)]
+    kw = dict(n_ctx=n_ctx, n_threads=n_threads)
+    kw.update(decoder_kwargs or {})
+    with DFlashDecoder(target, drafter, **kw) as dec:
+        nmax = dec.block_size - 1
+        configs = [("target alone", dict(use_drafter=False))]
+        configs += [(f"fixed k={k}" + (" (full block)" if k == nmax else ""), dict(adaptive=False, n_draft_max=k))
+                    for k in range(1, nmax + 1)]
+        configs += [("adaptive", dict(adaptive=True))]
+        dec.generate(messages=[{"role": "user", "content": prompts[0]}], max_tokens=8)  # warm-up + cost model
+        acc = {name: [0, 0.0, 0, 0] for name, _ in configs}  # tokens, seconds, committed in cycles, cycles
+        identical = True
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(prompts) * len(configs), desc=f"sweep {dataset}", unit="run", file=sys.stderr)
+        for i, q in enumerate(prompts):
+            ids = chat_prompt_ids(dec, [{"role": "user", "content": q}])
+            if len(ids) + max_new_tokens + dec.block_size + 1 > n_ctx:
+                continue
+            sp = SamplingParams(temperature=float(temperature), top_k=0, top_p=1.0, min_p=0.0, seed=seed + i)
+            ref = None
+            for name, extra in configs:
+                r = dec.generate(ids, max_tokens=max_new_tokens, sampling=sp, cache_prompt=False, **extra)
+                a = acc[name]
+                a[0] += r.stats.n_generated - 1  # decode phase: the first token comes from the prefill
+                a[1] += r.stats.t_total_s - r.stats.t_prefill_s
+                a[2] += r.stats.n_generated - 1
+                a[3] += r.stats.n_cycles
+                ref = r.tokens if ref is None else ref
+                identical &= temperature > 0 or r.tokens == ref
+                if bar is not None:
+                    bar.update(1)
+        if bar is not None:
+            bar.close()
+        cost = dec.cost_model
+    rows = []
+    for name, _ in configs:
+        tok, sec, com, cyc = acc[name]
+        rows.append(dict(name=name, tokens=tok, seconds=sec, tokens_per_second=tok / sec if sec else 0.0,
+                         acceptance_length=com / cyc if cyc else 0.0))
+    alone = rows[0]["tokens_per_second"]
+    for r in rows:
+        r["ratio_vs_alone"] = r["tokens_per_second"] / alone if alone else 0.0
+    best_fixed = max(r["tokens_per_second"] for r in rows[1:-1])
+    return dict(config=dict(target=str(target), drafter=str(drafter), dataset=dataset, n_prompts=len(prompts),
+                            max_new_tokens=max_new_tokens, temperature=float(temperature), threads=n_threads),
+                cost_model=cost, rows=rows, identical=identical,
+                adaptive_vs_best_fixed=rows[-1]["tokens_per_second"] / best_fixed if best_fixed else 0.0,
+                adaptive_vs_alone=rows[-1]["ratio_vs_alone"])
+
+
+def sweep_markdown(rep: dict) -> str:
+    """The sweep as a markdown table plus the two ratios the issue asks for."""
+    c = rep["config"]
+    lines = [f"{c['dataset']}, {c['n_prompts']} prompts, {c['max_new_tokens']} new tokens, T = {c['temperature']:g} "
+             "(decode phase: tokens after the first / time after the prefill)", "",
+             "| configuration | tokens/s | vs target alone | tokens per target pass |", "|---|---|---|---|"]
+    for r in rep["rows"]:
+        lines.append(f"| {r['name']} | {r['tokens_per_second']:.1f} | {r['ratio_vs_alone']:.3f} | "
+                     f"{r['acceptance_length']:.2f} |")
+    lines += ["", f"adaptive / target alone = {rep['adaptive_vs_alone']:.3f}; "
+              f"adaptive / best fixed k = {rep['adaptive_vs_best_fixed']:.3f}"]
+    if c["temperature"] == 0:
+        lines.append(f"T = 0 texts identical across configurations: {rep['identical']}")
+    cm = rep.get("cost_model")
+    if cm:
+        lines.append("cost model: verify ms for 1..{} rows: {}; drafter pass {:.1f} ms".format(
+            len(cm["verify_ms"]), ", ".join(f"{x:.1f}" for x in cm["verify_ms"]), cm["draft_ms"]))
+    return "\n".join(lines)

@@ -32,6 +32,9 @@ def _generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-p", "--prompt", required=True, help="prompt text (the user message with --chat)")
     p.add_argument("-n", "--n-predict", type=int, default=128, help="maximum new tokens")
     add_sampling_args(p)
+    p.add_argument("--spec-draft-adaptive", choices=("on", "off"), default="on",
+                   help="choose the drafts verified per cycle from a measured cost model and the drafter's "
+                        "confidence (default on); off: always --spec-draft-n-max")
     p.add_argument("--spec-draft-n-max", type=int, default=None,
                    help="drafts verified per cycle (default: block size - 1; the full block is always drafted)")
     p.add_argument("--spec-draft-p-min", type=float, default=0.0, help="stop reading drafts below this probability")
@@ -46,6 +49,7 @@ def _generate_run(args: argparse.Namespace) -> int:
         raise SystemExit("error: -n must be >= 1")
     sp = sampling_from_args(args)
     kw = dict(max_tokens=args.n_predict, sampling=sp, stop=args.stop, n_draft_max=args.spec_draft_n_max,
+              adaptive=args.spec_draft_adaptive == "on",
               p_min=args.spec_draft_p_min, ignore_eos=args.ignore_eos)
     if args.chat:
         kw["messages"] = [{"role": "user", "content": args.prompt}]
@@ -66,6 +70,11 @@ def _generate_run(args: argparse.Namespace) -> int:
                 "n_drafted": st.n_drafted,
                 "n_accepted": st.n_accepted,
                 "acceptance_length": st.acceptance_length,
+                "k_hist": st.k_hist,
+                "n_drafter_skipped": st.n_drafter_skipped,
+                "predicted_tokens_per_second": st.predicted_tokens_per_second,
+                "measured_tokens_per_second": st.measured_tokens_per_second,
+                "cost_model": dec.cost_model,
                 "per_position_acceptance": [None if x != x else x for x in st.per_position_acceptance],
                 "tokens_per_second": st.tokens_per_second,
                 "decode_tokens_per_second": st.decode_tokens_per_second,
@@ -90,6 +99,10 @@ def _generate_run(args: argparse.Namespace) -> int:
                 print(f"[dflash2-gguf] {st.n_generated} tokens, {st.tokens_per_second:.2f} tok/s, "
                       f"acceptance length {st.acceptance_length:.3f}, accepted {st.n_accepted}/{st.n_drafted}",
                       file=sys.stderr)
+                if st.k_hist and dec.has_drafter:
+                    print(f"[dflash2-gguf] drafts per cycle (k: cycles) "
+                          f"{ {k: n for k, n in enumerate(st.k_hist) if n} }, drafter skipped in "
+                          f"{st.n_drafter_skipped} of {st.n_cycles} cycles", file=sys.stderr)
     return 0
 
 

@@ -399,7 +399,8 @@ Chunk Engine::begin(const std::vector<int32_t> & prompt, const GenParams & gp) {
         pending_.clear();
         n_pending_ = 0;
     }
-    gate_.reset();
+    // the gate, the calibration and the cost model carry over from earlier generations: a new
+    // request starts with what the last ones learnt (and probes again on the gate's schedule)
     stats_.n_cached = reuse;
 
     for (int off = reuse; off < n; off += n_batch_tgt_) {

@@ -59,6 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="speculative decoding type (default: draft-dflash with -md, else none)")
     p.add_argument("--spec-draft-n-max", type=int, default=None,
                    help="drafts verified per cycle (default: block size - 1)")
+    p.add_argument("--spec-draft-adaptive", choices=("on", "off"), default="on",
+                   help="choose the drafts verified per cycle from a measured cost model and the drafter's "
+                        "confidence (default on); off: always --spec-draft-n-max")
     p.add_argument("--spec-draft-n-min", type=int, default=0,
                    help="minimum drafts per cycle (recorded for adaptive drafting; no effect yet)")
     p.add_argument("--spec-draft-p-min", type=float, default=0.0, help="stop reading drafts below this probability")
@@ -153,6 +156,7 @@ def settings_from_args(args: argparse.Namespace):
     kw["n_ctx"] = resolve_n_ctx(args.ctx_size, read_model_info(args.model), n_slots)
     return ServerSettings(
         model=args.model, model_draft=md, **kw, n_draft_max=args.spec_draft_n_max,
+        spec_adaptive=args.spec_draft_adaptive == "on",
         n_draft_min=args.spec_draft_n_min, p_min=args.spec_draft_p_min, n_slots=n_slots,
         temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
         seed=-1 if args.seed is None else args.seed, n_predict=args.n_predict,

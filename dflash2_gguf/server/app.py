@@ -97,7 +97,10 @@ class ServerSettings:
             (``n_ctx`` per slot; ``serve`` resolves it with :mod:`.context`).
         verbose: ``-v``: llama.cpp's log, and llama-server's ``__verbose`` in responses.
         n_draft_max: Default drafts verified per cycle (``--spec-draft-n-max``; None = block
-            size - 1); a request may lower it (``speculative.n_max``).
+            size - 1); a request may lower it (``speculative.n_max``). The upper bound of the
+            adaptive draft length.
+        spec_adaptive: ``--spec-draft-adaptive on|off``: choose the drafts per cycle from the
+            measured cost model and the drafter's confidence (default), or always ``n_draft_max``.
         n_draft_min: ``--spec-draft-n-min`` (recorded; no effect until adaptive drafting).
         p_min: ``--spec-draft-p-min`` (a request may set its own ``speculative.p_min``).
         n_slots: ``--parallel``: slots (each loads its own decoder, see :mod:`.worker`).
@@ -132,6 +135,7 @@ class ServerSettings:
     capture: str = "auto"
     verbose: bool = False
     n_draft_max: Optional[int] = None
+    spec_adaptive: bool = True
     n_draft_min: int = 0
     p_min: float = 0.0
     n_slots: int = 1
@@ -561,10 +565,11 @@ class _Service:
             max_tokens = s.n_ctx - len(ids) if limit < 0 else limit
             kw = dict(prompt=ids, max_tokens=max_tokens, sampling=sampling, stop=stop or None, n_draft_max=nd,
                       p_min=p_min, use_drafter=body.use_drafter, ignore_eos=body.ignore_eos)
-            if not body.cache_prompt:
-                acc = self._generate_accepts(dec)
-                if "cache_prompt" in acc or "*" in acc:
-                    kw["cache_prompt"] = False
+            acc = self._generate_accepts(dec)
+            if not body.cache_prompt and ("cache_prompt" in acc or "*" in acc):
+                kw["cache_prompt"] = False
+            if not s.spec_adaptive and ("adaptive" in acc or "*" in acc):
+                kw["adaptive"] = False
             return kw
 
         prepare.n_predict = limit  # type: ignore[attr-defined]
