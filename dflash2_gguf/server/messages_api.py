@@ -174,9 +174,10 @@ def to_chat(req: Dict[str, Any]) -> Dict[str, Any]:
                                           "({name, description, input_schema})", "not_supported")
             if not isinstance(t.get("name"), str):
                 raise _bad(f"tools[{i}].name", f"tools[{i}].name must be a string")
-            fn = {"name": t["name"], "parameters": t.get("input_schema") or {"type": "object", "properties": {}}}
+            fn = {"name": t["name"]}  # OpenAI's key order: the template writes the spec as JSON
             if t.get("description") is not None:
                 fn["description"] = t["description"]
+            fn["parameters"] = t.get("input_schema") or {"type": "object", "properties": {}}
             out.append({"type": "function", "function": fn})
         chat["tools"] = out
     tc = r.pop("tool_choice", None)

@@ -84,9 +84,10 @@ def _tools(tools: Any) -> Optional[List[dict]]:
                        "not_supported")
         if not isinstance(t.get("name"), str):
             raise _bad(f"tools[{i}].name", f"tools[{i}].name must be a string")
-        fn = {"name": t["name"], "parameters": t.get("parameters") or {"type": "object", "properties": {}}}
+        fn = {"name": t["name"]}  # OpenAI's key order: the template writes the spec as JSON
         if t.get("description") is not None:
             fn["description"] = t["description"]
+        fn["parameters"] = t.get("parameters") or {"type": "object", "properties": {}}
         out.append({"type": "function", "function": fn})
     return out
 
