@@ -25,5 +25,5 @@ if [[ ",$extras," == *",test,"* ]]; then
   "$PY" -m pip install -q --disable-pip-version-check "transformers==5.15.0" "sentencepiece>=0.2"
   "$PY" -m pip install -q --disable-pip-version-check --no-deps "dflash==0.1.0"
   # Fail here, not as skipped tests, when a test dependency did not install.
-  "$PY" -c "import torch, transformers, dflash.model, fastapi, uvicorn, openai, httpx, matplotlib, sentencepiece, dflash2_gguf._native_loader as n; n.native()"
+  "$PY" -c "import torch, transformers, dflash.model, fastapi, uvicorn, openai, anthropic, agents, httpx, matplotlib, sentencepiece, dflash2_gguf._native_loader as n; n.native()"
 fi
