@@ -462,6 +462,13 @@ def test_stop_strings_stream_equals_non_stream_and_stopping_word(native_ext, smo
         objs = [json.loads(x[6:]) for x in r.text.split("\n\n") if x.startswith("data: ")]
         assert "".join(o["content"] for o in objs[:-1]) == full[:full.find(stop)]
         assert objs[-1]["stopping_word"] == stop
+        # Anthropic's stop_sequence is the matched stop string
+        ask = {"max_tokens": 24, "temperature": 0, "messages": [{"role": "user", "content": "Count: 1, 2, 3,"}]}
+        text = httpx.post(srv.url + "/v1/messages", json=ask, timeout=120).json()["content"][0]["text"]
+        word = text[len(text) // 2:len(text) // 2 + 3]
+        m = httpx.post(srv.url + "/v1/messages", json=dict(ask, stop_sequences=["\x01", word]), timeout=120).json()
+        assert (m["stop_reason"], m["stop_sequence"]) == ("stop_sequence", word)
+        assert m["content"][0]["text"] == text[:text.find(word)]
 
 
 # ---------------------------------------------------------------------------- real Qwen2.5-Coder target
