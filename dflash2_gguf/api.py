@@ -266,7 +266,8 @@ class DFlashDecoder:
             ``<cache>/cost-models.json`` keyed by the two files, threads, GPU layers, flash
             attention and repacking, so later runs start calibrated; a mapping
             ``{"verify_ms": [ms of a target pass over 1, 2, ... rows], "draft_ms": ms of a
-            drafter pass}`` sets it; None leaves adaptation off. It updates online as cycles run.
+            drafter pass}`` sets it and keeps it fixed; None leaves adaptation off. A measured
+            model updates online as cycles run.
         cache_ram_mib: Budget of the RAM prompt cache in MiB (llama-server's ``--cache-ram``; 0
             turns it off): prefixes (target KV + drafter state) saved before the live prompt
             cache is overwritten, restored when a later prompt shares more with one of them, so
@@ -436,10 +437,11 @@ class DFlashDecoder:
             _save_cost_model(self._cost_key, d)
         return d
 
-    def _set_costs(self, d: Mapping[str, Any]) -> None:
+    def _set_costs(self, d: Mapping[str, Any], fixed: bool = True) -> None:
         from ._native_loader import native
 
         c = native().CostModel()
+        c.fixed = bool(fixed)
         c.verify_ms = [float(x) for x in d["verify_ms"]]
         c.draft_ms = float(d.get("draft_ms", 0.0))
         if not c.valid or any(x <= 0 for x in c.verify_ms):
@@ -451,7 +453,7 @@ class DFlashDecoder:
             return
         saved = _load_cost_models().get(self._cost_key)
         if saved and len(saved.get("verify_ms", [])) >= self.block_size:
-            self._set_costs(saved)
+            self._set_costs(saved, fixed=False)
         else:
             self.measure_cost_model()
 

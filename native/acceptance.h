@@ -26,7 +26,7 @@ struct DraftRow {
     int slot = -1;
     std::vector<int32_t> cand;
     std::vector<float> q;
-    float conf = 0.0f;  // the drafter's temperature-1 probability of `token` (draft_policy.h)
+    float conf = 0.0f;  // the row's top temperature-1 probability before the draw (drafter.h)
     float q_token() const { return q[slot]; }
 };
 

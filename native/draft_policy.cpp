@@ -11,13 +11,13 @@ double ema(double old, double x) { return old <= 0.0 ? x : (1.0 - kAlpha) * old 
 }  // namespace
 
 void CostModel::observe_verify(int rows, double ms) {
-    if (rows < 1 || ms <= 0.0) return;
+    if (fixed || rows < 1 || ms <= 0.0) return;
     if ((int) verify_ms.size() < rows) verify_ms.resize(rows, 0.0);
     verify_ms[rows - 1] = ema(verify_ms[rows - 1], ms);
 }
 
 void CostModel::observe_draft(double ms) {
-    if (ms > 0.0) draft_ms = ema(draft_ms, ms);
+    if (!fixed && ms > 0.0) draft_ms = ema(draft_ms, ms);
 }
 
 double expected_tokens(const std::vector<double> & a, int k) {

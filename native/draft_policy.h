@@ -24,6 +24,7 @@ namespace dflash2 {
 struct CostModel {
     std::vector<double> verify_ms;
     double draft_ms = 0.0;
+    bool fixed = false;  // set by the caller: observe_* leave it as it is
     bool valid() const { return !verify_ms.empty() && verify_ms[0] > 0.0; }
     // Exponential moving average update with a new measurement (alpha 0.1; the first sets it).
     void observe_verify(int rows, double ms);

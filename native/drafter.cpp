@@ -93,7 +93,7 @@ void Drafter::remove_from(int pos) { llama_memory_seq_rm(llama_get_memory(ctx_),
 void Drafter::clear() { llama_memory_clear(llama_get_memory(ctx_), true); }
 
 int Drafter::draft(int32_t anchor, int pos0, int k_max, const SamplingOptions & so, const SamplerState & state,
-                   Rng & rng, float p_min, std::vector<DraftRow> & out) {
+                   Rng & rng, const KeepDraft & keep, std::vector<DraftRow> & out) {
     run_block(anchor, pos0);
     out.clear();
     const bool greedy = so.greedy();
@@ -117,6 +117,12 @@ int Drafter::draft(int32_t anchor, int pos0, int k_max, const SamplingOptions & 
             }
             if (best < 0) break;  // the grammar leaves no candidate
             DraftRow d;
+            {  // confidence: temperature-1 probability of the best allowed candidate, BEFORE the draw
+                double z = 0;
+                for (int b = 0; b < K; ++b) if (ok_[b]) z += std::exp((double) scores[b] - mx);
+                d.conf = (float) (1.0 / z);
+                if (!keep((int) out.size(), d.conf)) break;
+            }
             int j = best;
             if (!greedy) {
                 // q = softmax(S / T) over the allowed candidates
@@ -126,12 +132,6 @@ int Drafter::draft(int32_t anchor, int pos0, int k_max, const SamplingOptions & 
                 for (int b = 0; b < K; ++b) if (ok_[b]) d.q[b] = (float) (std::exp(((double) scores[b] - mx) / so.temperature) / z);
                 j = rng.draw(d.q);
                 d.cand = cand;
-            }
-            {  // temperature-1 probability of the chosen candidate
-                double z = 0;
-                for (int b = 0; b < K; ++b) if (ok_[b]) z += std::exp((double) scores[b] - scores[j]);
-                d.conf = (float) (1.0 / z);
-                if (p_min > 0.0f && d.conf < p_min) break;
             }
             d.token = cand[j];
             d.slot = j;
@@ -144,6 +144,14 @@ int Drafter::draft(int32_t anchor, int pos0, int k_max, const SamplingOptions & 
             const float * lg = llama_get_logits_ith(ctx_, i);
             st.process(lg, n_vocab_, buf_, /*grammar*/ true);  // the target's bias / penalties / grammar
             DraftRow d;
+            {  // confidence: temperature-1 probability of the most likely token, BEFORE the draw
+                const float mx = *std::max_element(buf_.begin(), buf_.end());
+                if (mx == -INFINITY) break;  // nothing allowed
+                double z = 0;
+                for (int v = 0; v < n_vocab_; ++v) z += std::exp((double) buf_[v] - mx);
+                d.conf = (float) (1.0 / z);
+                if (!keep((int) out.size(), d.conf)) break;
+            }
             int32_t t;
             if (greedy) {
                 t = argmax(buf_.data(), n_vocab_);
@@ -152,13 +160,6 @@ int Drafter::draft(int32_t anchor, int pos0, int k_max, const SamplingOptions & 
                 t = rng.draw(d.q);
             }
             if (t < 0 || buf_[t] == -INFINITY) break;  // nothing allowed
-            {
-                const float mx = *std::max_element(buf_.begin(), buf_.end());
-                double z = 0;
-                for (int v = 0; v < n_vocab_; ++v) z += std::exp((double) buf_[v] - mx);
-                d.conf = (float) (std::exp((double) buf_[t] - mx) / z);
-                if (p_min > 0.0f && d.conf < p_min) break;
-            }
             d.token = t;
             d.slot = t;
             out.push_back(std::move(d));

@@ -16,6 +16,7 @@
 #include "sampling.h"
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -48,10 +49,15 @@ class Drafter {
     void run_block(int32_t anchor, int pos0);
     // Draft at most k_max tokens after `anchor` at position pos0 into `out` (cleared first).
     // `state`: the committed sampler state (grammar / bias / penalties, cloned here; may be
-    // without grammar). p_min > 0 stops at the first draft whose temperature-1 probability is
-    // below it. Returns the number of drafts.
+    // without grammar). Before drawing draft i (0-based) the walk computes the row's confidence
+    // (temperature-1 probability of its most likely allowed token, given the drafts before it)
+    // and asks keep(i, confidence); false ends the drafts there. Deciding before the draw is what
+    // keeps a variable draft length lossless at T > 0: whether position i is verified may depend
+    // on the drafts before it, never on draft i itself (a rule that looked at the drawn token,
+    // e.g. its own probability, would bias the output). Returns the number of drafts.
+    using KeepDraft = std::function<bool(int i, float confidence)>;
     int draft(int32_t anchor, int pos0, int k_max, const SamplingOptions & so, const SamplerState & state, Rng & rng,
-              float p_min, std::vector<DraftRow> & out);
+              const KeepDraft & keep, std::vector<DraftRow> & out);
     // Remove cells >= pos from the drafter cache (the block, or rows past a cached prefix).
     void remove_from(int pos);
     void clear();

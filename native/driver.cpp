@@ -463,20 +463,29 @@ Chunk Engine::step() {
     double t0 = now_ms();
     int k = 0;
     double draft_ms = 0;
+    // Which drafts to verify, decided row by row BEFORE each draft is drawn (drafter.h): p_min on
+    // the row's confidence, and the adaptive policy: continue while the best k, with this row's
+    // calibrated acceptance assumed for the rows after it, still includes this row.
+    std::vector<double> acc;
+    auto keep = [&](int i, float conf) {
+        if (gp_.p_min > 0.0f && conf < gp_.p_min) return false;
+        if (!adaptive) return true;
+        const double ai = calib_.predict(conf);
+        std::vector<double> a(acc);
+        a.resize(k_max, ai);
+        if (choose_draft_length(cost_, a, k_max, 0.0) < i + 1) return false;
+        acc.push_back(ai);
+        return true;
+    };
     if (run_drafter) {
         flush_pending();
-        k = dft_->draft(anchor, P, k_max, gp_.sampling, state_, rng_, gp_.p_min, drafts_);
+        k = dft_->draft(anchor, P, k_max, gp_.sampling, state_, rng_, keep, drafts_);
         draft_ms = now_ms() - t0;
         stats_.t_draft_ms += draft_ms;
         cost_.observe_draft(draft_ms);
     }
     double pred_tokens = 1.0, pred_ms = adaptive ? cost_.verify_ms[0] : 0.0;
     if (adaptive && run_drafter) {
-        std::vector<double> acc(k);
-        for (int i = 0; i < k; ++i) acc[i] = calib_.predict(drafts_[i].conf);
-        double rate = 0;
-        const int kc = choose_draft_length(cost_, acc, k, 0.0, &rate);
-        k = kc;
         pred_tokens = expected_tokens(acc, k);
         pred_ms = cost_.verify_ms[k] + cost_.draft_ms;
         gate_.observe_drafting(pred_tokens / pred_ms);

@@ -163,6 +163,7 @@ NB_MODULE(_native, m) {
         .def(nb::init<>())
         .def_rw("verify_ms", &dflash2::CostModel::verify_ms)
         .def_rw("draft_ms", &dflash2::CostModel::draft_ms)
+        .def_rw("fixed", &dflash2::CostModel::fixed)
         .def_prop_ro("valid", &dflash2::CostModel::valid);
     m.def("choose_draft_length", [](const dflash2::CostModel & c, const std::vector<double> & a, int k_max, double draft_ms) {
         double rate = 0;

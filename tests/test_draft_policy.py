@@ -131,8 +131,8 @@ def test_gate_skips_the_drafter_when_drafting_does_not_pay(native_ext, smollm2_g
         st = on.stats
         assert st.n_drafter_skipped > st.n_cycles // 2, (st.n_drafter_skipped, st.n_cycles)
         assert st.k_hist[0] > st.n_cycles // 2
-        # probes happened after skips: the pending features were injected and drafting resumed
-        assert st.n_drafted > 0
+        # probes happened after skips: the drafter ran again (its pending features injected first)
+        assert st.n_cycles - st.n_drafter_skipped >= 3
 
 
 @pytest.mark.parametrize("version", [2])
