@@ -126,6 +126,10 @@ def run_from_args(args) -> int:
     except ComparisonFailed as e:
         report, failed = e.report, e.errors
     print(markdown_table(report))
+    cm = report["config"].get("cost_model")
+    if cm:
+        print("\ncost model (adaptive draft length): target pass over 1..{} rows {} ms; drafter pass {:.1f} ms".format(
+            len(cm["verify_ms"]), " / ".join(f"{x:.1f}" for x in cm["verify_ms"]), cm["draft_ms"]))
     if args.out:
         print(f"[dflash2-gguf bench] wrote {Path(args.out) / 'bench.json'}, bench.md, per_position_acceptance.png",
               file=sys.stderr)
