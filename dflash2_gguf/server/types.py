@@ -328,12 +328,13 @@ class ChatMessage(_Lenient):
         return self
 
     def text(self) -> str:
-        """The message content as one string (text parts joined)."""
+        """The message content as one string: text parts joined with newlines, as llama-server
+        and :func:`dflash2_gguf.chat.normalize_messages` join them."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(p.text or "" for p in self.content)
+        return "\n".join(p.text or "" for p in self.content)
 
     def as_template_dict(self) -> Dict[str, Any]:
         """The message for the chat template (``developer`` -> ``system``)."""
