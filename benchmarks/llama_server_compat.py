@@ -100,7 +100,8 @@ CASES: List[Case] = [
     Case("unknown-path", "GET", "/v1/nope"),
 ]
 
-#: Documented differences: (case name or "*", "status" or a key path) -> why.
+#: Documented differences: (case name or "*", "status" or a key path) -> why. A ``"*"`` entry
+#: also covers the same key nested deeper (``[0].timings.draft_n``, ``generation_settings.speculative.n_max``).
 DOCUMENTED: Dict[tuple, str] = {
     ("*", "error.param"): "ours adds OpenAI's `param` to error objects",
     ("*", "timings.draft_n"): "ours always reports drafting in `timings`",
@@ -116,6 +117,10 @@ DOCUMENTED: Dict[tuple, str] = {
     ("health", "slots_idle"): "ours: slot counts in /health", ("health", "slots_processing"): "ours",
     ("health", "queued"): "ours",
     ("unknown-path", "status"): "llama-server answers unknown paths with its web UI / 404 text",
+    ("*", "speculative.n_max"): "ours echoes the effective per-request draft settings in the generation "
+                                "settings (llama-server takes them in a request, reports only speculative.types)",
+    ("*", "speculative.n_min"): "ours echoes the effective per-request draft settings",
+    ("*", "speculative.p_min"): "ours echoes the effective per-request draft settings",
 }
 
 
@@ -171,7 +176,13 @@ def probe(base: str, case: Case, api_key: Optional[str] = None, timeout: float =
 
 def _documented(case: str, what: str) -> Optional[str]:
     bare = what.split(":", 1)[-1]
-    return DOCUMENTED.get((case, what)) or DOCUMENTED.get((case, bare)) or DOCUMENTED.get(("*", bare))
+    found = DOCUMENTED.get((case, what)) or DOCUMENTED.get((case, bare)) or DOCUMENTED.get(("*", bare))
+    if found:
+        return found
+    for (c, key), why in DOCUMENTED.items():
+        if c == "*" and bare.endswith("." + key):
+            return why
+    return None
 
 
 def compare(ours: Dict[str, dict], theirs: Dict[str, dict]) -> List[dict]:

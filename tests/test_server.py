@@ -498,11 +498,26 @@ def test_props_slots_models(tmp_path):
         p = httpx.get(srv.url + "/props", timeout=30).json()
         assert p["default_generation_settings"]["n_ctx"] == 2048 and p["total_slots"] == 2
         assert {"chat_template", "model_path", "build_info", "modalities"} <= set(p)
-        assert p["default_generation_settings"]["params"]["temperature"] == 0.8
+        dp = p["default_generation_settings"]["params"]
+        assert set(p["default_generation_settings"]) == {"params", "n_ctx"} and dp["temperature"] == 0.8
+        # samplers we lack, at llama-server's neutral defaults; /props shows the /slots view (no stop)
+        assert (dp["mirostat"], dp["typical_p"], dp["xtc_probability"], dp["dry_multiplier"]) == (0, 1.0, 0.0, 0.0)
+        assert "stop" not in dp and "speculative.types" in dp
+        assert set(p["chat_template_caps"]) >= {"supports_tools", "supports_system_role", "supports_string_content"}
         _err(httpx.post(srv.url + "/props", json={}, timeout=30), 501)
         sl = httpx.get(srv.url + "/slots", timeout=30).json()
         assert [s["id"] for s in sl] == [0, 1] and not any(s["is_processing"] for s in sl)
-        assert {"n_ctx", "params", "next_token", "id_task", "speculative"} <= set(sl[0])
+        # llama-server: a slot that never had a task shows only these
+        assert set(sl[0]) == {"id", "n_ctx", "speculative", "is_processing"}
+        j = httpx.post(srv.url + "/completion", json={"prompt": "hi", "n_predict": 2, "logit_bias": [[1, -1.0]]},
+                       timeout=30).json()
+        gs = j["generation_settings"]
+        assert "model" not in gs and "n_ctx" not in gs and gs["logit_bias"] == [{"bias": -1.0, "token": 1}]
+        assert gs["dry_sequence_breakers"] and gs["grammar"] == "" and gs["n_predict"] == 2
+        sl = httpx.get(srv.url + "/slots", timeout=30).json()
+        used = [s for s in sl if "id_task" in s]
+        assert len(used) == 1 and {"params", "next_token", "n_prompt_tokens", "n_prompt_tokens_cache"} <= set(used[0])
+        assert isinstance(used[0]["next_token"], list) and used[0]["params"]["n_predict"] == 2
         m = httpx.get(srv.url + "/v1/models", timeout=30).json()
         d = m["data"][0]
         assert d["id"] == "a1" and d["aliases"] == ["a1", "a2"] and d["tags"] == ["t1"]
@@ -602,8 +617,25 @@ def test_stream_timings_per_token_and_progress(tmp_path):
         with httpx.stream("POST", srv.url + "/completion", json=body, timeout=30) as r:
             ev = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: ")]
         assert ev[0]["prompt_progress"]["total"] == 3 and ev[0]["prompt_progress"]["processed"] == 3
-        assert all("timings" in e for e in ev[1:]) and ev[-1]["stop"] is True
+        assert all("timings" in e for e in ev) and ev[-1]["stop"] is True  # the progress event too
         assert "".join(e["content"] for e in ev) == "ab"
+
+
+def test_response_keys_as_llama_server(tmp_path):
+    """Keys llama-server sends or leaves out (server-task.cpp at 0c1e570): chat ``logprobs`` only
+    when asked for; every final /v1/completions stream chunk carries ``usage``."""
+    srv, _ = _fake(tmp_path)
+    with srv:
+        j = httpx.post(srv.url + "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 2}, timeout=30).json()
+        assert "logprobs" not in j["choices"][0]
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 2,
+                                                                          "stream": True}, timeout=30) as r:
+            ev = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
+        assert not any("logprobs" in e["choices"][0] for e in ev if e["choices"])
+        with httpx.stream("POST", srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2,
+                                                                     "stream": True}, timeout=30) as r:
+            ev = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
+        assert ev[-1]["choices"][0]["finish_reason"] and ev[-1]["usage"]["completion_tokens"] == 2
 
 
 def test_speculative_request_fields(tmp_path):
@@ -710,6 +742,9 @@ def test_llama_server_compat_report_logic(tmp_path):
     assert [(x["case"], x["what"], bool(x["documented"])) for x in d] == \
         [("x", "b", False), ("x", "error.param", True), ("y", "status", False)]
     assert "2 not documented" in report_markdown(d, 2)
+    d = compare({"m": {"status": 200, "keys": {"[0].timings.draft_n", "last:generation_settings.speculative.n_max"}}},
+                {"m": {"status": 200, "keys": set()}})
+    assert all(x["documented"] for x in d)  # "*" entries cover the key nested deeper
 
 
 def test_live_n_probs_and_cached_tokens(live):

@@ -49,6 +49,7 @@ import asyncio
 import inspect
 import json
 import logging
+import math
 import secrets
 import time
 import uuid
@@ -83,6 +84,21 @@ BUILD_INFO = "dflash2-gguf (llama.cpp 0c1e570)"
 _FINISH = {"length": "length", "context": "length", "eog": "stop", "stop": "stop"}
 _STOP_TYPE = {"length": "limit", "context": "limit", "eog": "eos", "stop": "word"}
 _SAMPLERS = ["top_k", "top_p", "min_p", "temperature"]
+
+#: Keys of llama-server's full generation settings that its ``/slots`` and ``/props`` views leave
+#: out (``task_params::to_json(only_metrics)``, tools/server/server-task.cpp at 0c1e570).
+_FULL_ONLY_PARAMS = ("dry_sequence_breakers", "stop", "logit_bias", "grammar", "grammar_lazy",
+                     "grammar_triggers", "preserved_tokens")
+
+#: llama-server's DRY sequence breakers default (``common_params_sampling``, common/common.h at
+#: 0c1e570); reported as is: DRY is off (``dry_multiplier`` 0) here, as it is there by default.
+_DRY_BREAKERS = ["\n", ":", "\"", "*"]
+
+
+def metrics_params(params: dict) -> dict:
+    """The ``/slots`` / ``/props`` view of a job's generation settings: llama-server's
+    ``only_metrics`` form (no stop strings, bias, grammar, DRY breakers)."""
+    return {k: v for k, v in params.items() if k not in _FULL_ONLY_PARAMS}
 
 
 @dataclass(frozen=True)
@@ -402,7 +418,18 @@ class _Service:
         return compat.schema_grammar(schema), param
 
     def job_params(self, body: Any, n_predict: int) -> dict:
-        """llama-server's generation settings of a request (``/slots``, ``generation_settings``)."""
+        """llama-server's generation settings of a request (``generation_settings``, ``/slots``
+        ``params``, ``/props``), with its keys in its order (``task_params::to_json``,
+        tools/server/server-task.cpp at 0c1e570).
+
+        Samplers this server does not have (dynamic temperature, top-n-sigma, XTC, typical, DRY,
+        Mirostat, adaptive-p, ``min_keep``, backend sampling) are reported with llama-server's
+        defaults, which leave them off: a request may only send their neutral values
+        (:mod:`.types`), so these are the effective settings. ``logit_bias`` and ``grammar`` are
+        filled in by the slot when the request is prepared (the bias needs the vocabulary).
+        Ours on top: ``speculative.n_max`` / ``n_min`` / ``p_min``, the effective per-request
+        draft settings (llama-server takes them in a request but reports only
+        ``speculative.types``)."""
         s = self.settings
         d = s.sampling_defaults()
         spec = body.spec()
@@ -411,20 +438,36 @@ class _Service:
             v = getattr(body, name, None)
             return d[name] if v is None else v
 
+        fmt = getattr(body, "reasoning_format", None) or s.reasoning_format
+        fmt = "deepseek" if fmt == "auto" else fmt
+        drafting = s.model_draft is not None and body.use_drafter
+        samplers = (["penalties"] if "repeat_penalty" in compat.sampling_fields() else []) + list(_SAMPLERS)
         return {
-            "n_predict": n_predict, "seed": pick("seed"), "temperature": pick("temperature"),
+            "seed": pick("seed"), "temperature": pick("temperature"),
+            "dynatemp_range": 0.0, "dynatemp_exponent": 1.0,
             "top_k": pick("top_k"), "top_p": pick("top_p"), "min_p": pick("min_p"),
+            "top_n_sigma": -1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1, "typical_p": 1.0,
             "repeat_last_n": body.repeat_last_n if body.repeat_last_n is not None else 64,
             "repeat_penalty": body.repeat_penalty if body.repeat_penalty is not None else 1.0,
             "presence_penalty": body.presence_penalty or 0.0, "frequency_penalty": body.frequency_penalty or 0.0,
-            "stop": body.stop_list, "max_tokens": n_predict, "n_keep": body.n_keep or 0,
-            "ignore_eos": body.ignore_eos, "stream": body.stream, "n_probs": body.n_probs_wanted(),
-            "samplers": list(_SAMPLERS),
+            "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": 64,
+            "dry_sequence_breakers": list(_DRY_BREAKERS),
+            "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
+            "adaptive_target": -1.0, "adaptive_decay": 0.9,
+            "stop": body.stop_list, "max_tokens": n_predict, "n_predict": n_predict,
+            "n_keep": body.n_keep or 0, "n_discard": 0,
+            "ignore_eos": body.ignore_eos, "stream": body.stream, "logit_bias": [],
+            "n_probs": body.n_probs_wanted(), "min_keep": 0,
+            "grammar": "", "grammar_lazy": False, "grammar_triggers": [], "preserved_tokens": [],
+            "chat_format": "Content-only", "reasoning_format": fmt,
+            "reasoning_in_content": bool(body.stream) and fmt == "deepseek-legacy",
+            "generation_prompt": "", "samplers": samplers,
+            "speculative.types": "none,draft-dflash" if drafting else "none",
             "speculative.n_max": spec["n_max"] if spec["n_max"] is not None else s.n_draft_max,
             "speculative.n_min": spec["n_min"] if spec["n_min"] is not None else s.n_draft_min,
             "speculative.p_min": spec["p_min"] if spec["p_min"] is not None else s.p_min,
             "timings_per_token": body.timings_per_token, "post_sampling_probs": body.post_sampling_probs,
-            "lora": [],
+            "backend_sampling": False, "lora": [],
         }
 
     # ------------------------------------------------------------------ chat: tools, reasoning
@@ -562,6 +605,12 @@ class _Service:
             job.info["n_prompt"] = len(ids)
             compat.check_context(len(ids), s.n_ctx)
             sampling = compat.sampling_params(body, defaults, dec, grammar=grammar, n_probs=n_probs)
+            if job.params:  # llama-server reports the bias by token id (-inf as null)
+                if body.logit_bias:
+                    job.params["logit_bias"] = [{"bias": None if math.isinf(b) else b, "token": t}
+                                                for t, b in compat.parse_logit_bias(dec, body.logit_bias).items()]
+                if grammar:
+                    job.params["grammar"] = grammar
             max_tokens = s.n_ctx - len(ids) if limit < 0 else limit
             kw = dict(prompt=ids, max_tokens=max_tokens, sampling=sampling, stop=stop or None, n_draft_max=nd,
                       p_min=p_min, use_drafter=body.use_drafter, ignore_eos=body.ignore_eos)
@@ -810,20 +859,29 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
     def default_params() -> dict:
         return svc.job_params(LlamaCompletionRequest(prompt=""), settings.n_predict)
 
+    caps_cache: list = []
+
+    def template_caps() -> dict:
+        """``chat_template_caps`` of the served template (see :func:`compat.template_caps`),
+        computed once."""
+        if not caps_cache:
+            caps_cache.append(compat.template_caps(settings.model, settings.chat_template))
+        return caps_cache[0]
+
     @app.get("/props")
     async def props():
-        """llama-server's ``GET /props``."""
+        """llama-server's ``GET /props`` (``default_generation_settings`` is ``{params, n_ctx}``
+        with the ``/slots`` view of the params, as server-context.cpp at 0c1e570 builds it)."""
+        caps = await asyncio.to_thread(template_caps)
         return {
-            "default_generation_settings": {"id": 0, "id_task": -1, "n_ctx": settings.n_ctx,
-                                            "speculative": settings.model_draft is not None,
-                                            "is_processing": False, "params": default_params()},
+            "default_generation_settings": {"params": metrics_params(default_params()), "n_ctx": settings.n_ctx},
             "total_slots": settings.n_slots, "model_alias": settings.model_id, "model_ftype": info.ftype,
             "model_path": settings.model,
             "modalities": {"vision": False, "video": False, "audio": False},
             "media_marker": None, "endpoint_slots": settings.endpoint_slots, "endpoint_props": False,
             "endpoint_metrics": True, "ui": False, "ui_settings": {},
             "chat_template": settings.chat_template if settings.chat_template is not None else info.chat_template,
-            "chat_template_caps": {}, "bos_token": info.bos_token, "eos_token": info.eos_token,
+            "chat_template_caps": caps, "bos_token": info.bos_token, "eos_token": info.eos_token,
             "build_info": BUILD_INFO, "is_sleeping": False, "cors_proxy_enabled": False,
         }
 
@@ -842,20 +900,24 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
         if request.query_params.get("fail_on_no_slot") not in (None, "", "0", "false") and \
                 all(s.busy for s in worker.slots):
             raise APIError(503, "no slot available", "unavailable_error", None, "unavailable")
-        dp = default_params()
         out = []
         for s in worker.slots:
-            job = s.job
-            params = s.last_params or dp
-            n_pred = params.get("n_predict", -1)
-            out.append({
-                "id": s.id, "id_task": job.id if job else -1, "n_ctx": settings.n_ctx,
-                "speculative": settings.model_draft is not None, "is_processing": job is not None,
-                "params": params,
-                "next_token": {"has_next_token": job is not None, "has_new_line": s.has_new_line,
-                               "n_remain": (n_pred - s.n_decoded) if job is not None and n_pred >= 0 else -1,
-                               "n_decoded": s.n_decoded},
-            })
+            job, last = s.job, s.last_job
+            e = {"id": s.id, "n_ctx": settings.n_ctx, "speculative": settings.model_draft is not None,
+                 "is_processing": job is not None}
+            if last is not None:  # llama-server: task fields once the slot has had a task
+                n_pred = s.last_params.get("n_predict", -1)
+                n_prompt = int(last.info.get("n_prompt", 0))
+                n_cached = int(last.info.get("n_cached", 0))
+                e.update({
+                    "id_task": last.id, "n_prompt_tokens": n_prompt,
+                    "n_prompt_tokens_processed": max(n_prompt - n_cached, 0), "n_prompt_tokens_cache": n_cached,
+                    "params": metrics_params(s.last_params),
+                    "next_token": [{"has_next_token": job is not None, "has_new_line": s.has_new_line,
+                                    "n_remain": (n_pred - s.n_decoded) if job is not None and n_pred >= 0 else -1,
+                                    "n_decoded": s.n_decoded}],
+                })
+            out.append(e)
         return out
 
     @app.get("/metrics")
@@ -921,7 +983,7 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
     def native_final(c: _Choice, body: Any, index: int, *, stream: bool) -> dict:
         st = c.stats
         stop_type = _STOP_TYPE.get(st.stop_reason, "eos")
-        gs = dict(c.job.params, n_ctx=settings.n_ctx, model=settings.model_id)
+        gs = dict(c.job.params)
         out = {
             "index": index, "content": c.text, "tokens": c.tokens if (body.return_tokens and not stream) else [],
             "id_slot": c.job.info.get("id_slot", 0), "stop": True, "model": settings.model_id,
@@ -972,6 +1034,8 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
             if not body.return_progress:
                 return []
             o = obj([choice(i, "", None)])
+            if body.timings_per_token:
+                o["timings"] = _partial_timings(job, 0)
             o["prompt_progress"] = _progress(job)
             return [_sse(o)]
 
@@ -992,6 +1056,7 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
         def on_done(i, job, st):
             stats_seen.append(st)
             last = obj([choice(i, "", _FINISH.get(st.stop_reason, "stop"))])
+            last["usage"] = _usage([st])  # llama-server: every final text-completion chunk has its usage
             last["timings"] = _timings(st)
             lines = [_sse(last)]
             if body.include_usage and i == len(jobs) - 1:
@@ -1037,7 +1102,8 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
                 if t.tool_calls:
                     msg["tool_calls"] = t.tool_calls
                 ch = {"finish_reason": t.finish_reason, "index": i, "message": msg}
-                ch["logprobs"] = {"content": c.logprobs} if c.logprobs else None
+                if c.logprobs:  # llama-server leaves the key out when no logprobs were asked for
+                    ch["logprobs"] = {"content": c.logprobs}
                 choices.append(ch)
             out = obj(choices, "chat.completion")
             out["usage"] = _usage([c.stats for c in done])
@@ -1047,13 +1113,15 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
             return out
 
         def delta(i: int, d: dict, finish: Optional[str]) -> dict:
-            return {"finish_reason": finish, "index": i, "delta": d, "logprobs": None}
+            return {"finish_reason": finish, "index": i, "delta": d}
 
         outs: dict = {}
 
         def on_start(i, job):
             outs[i] = svc.chat_output(job, body, plan)
             o = obj([delta(i, {"role": "assistant", "content": None}, None)])
+            if body.timings_per_token:
+                o["timings"] = _partial_timings(job, 0)
             if body.return_progress:
                 o["prompt_progress"] = _progress(job)
             return [_sse(o)]
@@ -1066,10 +1134,14 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
             if not ds and not body.timings_per_token:
                 return []
             lines = []
+            lp = compat.format_probs(worker.decoder, getattr(ch, "logprobs", None) or [], body.post_sampling_probs)
             for k, d in enumerate(ds or [{}]):
                 o = obj([delta(i, d, None)])
-                if body.timings_per_token and k == len(ds or [{}]) - 1:
-                    o["timings"] = _partial_timings(job, n_dec[i])
+                if k == len(ds or [{}]) - 1:  # llama-server: logprobs and timings on a chunk's last delta
+                    if lp:
+                        o["choices"][0]["logprobs"] = {"content": lp}
+                    if body.timings_per_token:
+                        o["timings"] = _partial_timings(job, n_dec[i])
                 lines.append(_sse(o))
             return lines
 
@@ -1189,6 +1261,7 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
                 return []
             return [_sse({"index": i, "content": "", "tokens": [], "stop": False, "id_slot": job.info.get("id_slot", 0),
                           "tokens_predicted": 0, "tokens_evaluated": job.info.get("n_prompt", 0),
+                          **({"timings": _partial_timings(job, 0)} if body.timings_per_token else {}),
                           "prompt_progress": _progress(job)})]
 
         toks_of: dict = {}

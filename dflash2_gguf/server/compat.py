@@ -385,3 +385,92 @@ def nested_fields(paths: Sequence[str], obj: Dict[str, Any]) -> Dict[str, Any]:
         if ok:
             out[path] = cur
     return out
+
+
+# ---------------------------------------------------------------------------- template capabilities
+
+#: llama-server's capability defaults (``jinja::caps``, common/jinja/caps.h at 0c1e570): what
+#: ``/props`` ``chat_template_caps`` reports when the template cannot be probed.
+TEMPLATE_CAPS_DEFAULT = {
+    "supports_object_arguments": False, "supports_parallel_tool_calls": True,
+    "supports_preserve_reasoning": False, "supports_reasoning_effort": False,
+    "supports_string_content": True, "supports_system_role": True, "supports_tool_calls": True,
+    "supports_tools": True, "supports_typed_content": False,
+}
+
+
+def _tool_conversation(calls: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    return [{"role": "user", "content": "User message"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": f"call0000{i + 1}", "type": "function", "function": f} for i, f in enumerate(calls)]},
+            {"role": "tool", "content": "Tool response", "tool_call_id": "call00001"},
+            {"role": "assistant", "content": "The tool response was 'tool response'"},
+            {"role": "user", "content": "User message"}]
+
+
+def template_caps(model: str, template: Optional[str] = None) -> Dict[str, bool]:
+    """``/props`` ``chat_template_caps`` of the served chat template, by llama-server's probes
+    (``caps_get``, common/jinja/caps.cpp at 0c1e570): the same probe conversations (typed
+    content, a system message, one tool call with object then string arguments, two calls, an
+    earlier turn's ``reasoning_content``, ``reasoning_effort`` low / high). llama-server watches
+    which template variables each render reads; we look at the rendered text instead (a marker
+    shows up, or the two renderings differ), which agrees for templates that print what they
+    read. Any failure to load the template gives :data:`TEMPLATE_CAPS_DEFAULT`.
+    """
+    caps = dict(TEMPLATE_CAPS_DEFAULT)
+    try:
+        from ..chat import ChatRenderer, _environment
+
+        base = ChatRenderer.from_gguf(model)
+        env = _environment()
+        plain = env.from_string(template if template is not None else base.template)
+        with_tools = (plain if template is not None or not base.tool_use_template
+                      else env.from_string(base.tool_use_template))
+    except Exception as e:  # noqa: BLE001 - a fake or unreadable model: llama-server's defaults
+        log.debug("chat_template_caps: template not probed (%s)", e)
+        return caps
+
+    def render(tmpl: Any, messages: list, tools: Optional[list] = None, **kw: Any) -> Optional[str]:
+        try:
+            return tmpl.render(messages=messages, tools=tools, add_generation_prompt=True,
+                               bos_token=base.bos_token, eos_token=base.eos_token, **kw)
+        except Exception:  # noqa: BLE001 - a template refusing the probe
+            return None
+
+    out = render(plain, [{"role": "user", "content": "STRING_MARKER"}])
+    caps["supports_string_content"] = out is not None and "STRING_MARKER" in out
+    out = render(plain, [{"role": "user", "content": [{"type": "text", "text": "TYPED_MARKER"}]}])
+    caps["supports_typed_content"] = out is not None and "TYPED_MARKER" in out and "'type'" not in out
+    out = render(plain, [{"role": "system", "content": "SYSTEM_MARKER"}, {"role": "user", "content": "User message"}])
+    caps["supports_system_role"] = out is not None and "SYSTEM_MARKER" in out
+
+    tools = [{"type": "function", "function": {
+        "name": "TOOL_DEF_MARKER", "description": "Tool description",
+        "parameters": {"type": "object", "properties": {"arg": {"type": "string", "description": "Arg description"}},
+                       "required": ["arg"]}}}]
+    out = render(with_tools, _tool_conversation([{"name": "TOOL_CALL_MARKER", "arguments": {"arg": "ARG_MARKER"}}]),
+                 tools)
+    caps["supports_object_arguments"] = out is not None and "ARG_MARKER" in out
+    if not caps["supports_object_arguments"]:
+        out = render(with_tools, _tool_conversation([{"name": "TOOL_CALL_MARKER",
+                                                      "arguments": '{"arg": "ARG_MARKER"}'}]), tools)
+    caps["supports_tools"] = out is not None and "TOOL_DEF_MARKER" in out
+    caps["supports_tool_calls"] = out is not None and "TOOL_CALL_MARKER" in out
+    args: Any = {"arg": "value"} if caps["supports_object_arguments"] else '{"arg": "value"}'
+    out = render(with_tools, _tool_conversation([{"name": "CALL_A_MARKER", "arguments": args},
+                                                 {"name": "CALL_B_MARKER", "arguments": args}]), tools)
+    caps["supports_parallel_tool_calls"] = (caps["supports_tool_calls"] and out is not None
+                                            and "CALL_A_MARKER" in out and "CALL_B_MARKER" in out)
+
+    out = render(plain, [{"role": "user", "content": "User message"},
+                         {"role": "assistant", "content": "Assistant message",
+                          "reasoning_content": "<REASONING_CONTENT_PLACEHOLDER>"},
+                         {"role": "user", "content": "User message"},
+                         {"role": "assistant", "content": "Assistant message", "reasoning_content": "Reasoning content"},
+                         {"role": "user", "content": "User message"}], enable_thinking=True)
+    caps["supports_preserve_reasoning"] = out is not None and "<REASONING_CONTENT_PLACEHOLDER>" in out
+    user = [{"role": "user", "content": "User message"}]
+    low = render(plain, user, enable_thinking=True, reasoning_effort="low")
+    high = render(plain, user, enable_thinking=True, reasoning_effort="high")
+    caps["supports_reasoning_effort"] = low is not None and high is not None and low != high
+    return caps

@@ -105,6 +105,8 @@ class Slot:
         n_decoded: Tokens generated so far by the running job.
         has_new_line: Whether the running job's text has a newline yet.
         last_params: Generation settings of the running (or last) job.
+        last_job: The running (or last) job; None until the slot's first task (llama-server's
+            ``/slots`` shows a slot's task fields only once it has had one).
     """
 
     id: int
@@ -113,6 +115,7 @@ class Slot:
     n_decoded: int = 0
     has_new_line: bool = False
     last_params: dict = field(default_factory=dict)
+    last_job: Optional[Job] = None
     own: "queue.Queue[Any]" = field(default_factory=queue.Queue)
     thread: Optional[threading.Thread] = None
 
@@ -289,6 +292,7 @@ class Worker:
         it = None
         n = 0
         slot.job, slot.n_decoded, slot.has_new_line, slot.last_params = job, 0, False, job.params
+        slot.last_job = job
         job.info["id_slot"] = slot.id
         self.metrics.set_processing(self.busy)
         try:
@@ -310,6 +314,7 @@ class Worker:
                 slot.has_new_line = slot.has_new_line or "\n" in ch.text
                 job.post("chunk", ch)
                 if ch.done:
+                    job.info["n_cached"] = int(getattr(ch.stats, "n_cached", 0) or 0)
                     self.metrics.finished(ch.stats)
                     return
                 if job.cancelled.is_set():
