@@ -466,7 +466,8 @@ def template_caps(model: str, template: Optional[str] = None) -> Dict[str, bool]
                          {"role": "assistant", "content": "Assistant message",
                           "reasoning_content": "<REASONING_CONTENT_PLACEHOLDER>"},
                          {"role": "user", "content": "User message"},
-                         {"role": "assistant", "content": "Assistant message", "reasoning_content": "Reasoning content"},
+                         {"role": "assistant", "content": "Assistant message",
+                          "reasoning_content": "Reasoning content"},
                          {"role": "user", "content": "User message"}], enable_thinking=True)
     caps["supports_preserve_reasoning"] = out is not None and "<REASONING_CONTENT_PLACEHOLDER>" in out
     user = [{"role": "user", "content": "User message"}]
