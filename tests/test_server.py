@@ -76,7 +76,10 @@ def drafter(native_ext, smollm2_drafters):
 
 @pytest.fixture(scope="module")
 def live(smollm2_gguf, drafter):
-    s = ServerSettings(model=str(smollm2_gguf), model_draft=drafter, n_ctx=N_CTX, n_threads=1, alias="smol")
+    # a fixed draft length: these tests check the server's plumbing of drafting statistics, which a
+    # random drafter under the adaptive policy (tests/test_draft_policy.py) may rightly never use
+    s = ServerSettings(model=str(smollm2_gguf), model_draft=drafter, n_ctx=N_CTX, n_threads=1, alias="smol",
+                       spec_adaptive=False)
     with LiveServer(s) as srv:
         yield srv
 
