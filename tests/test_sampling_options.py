@@ -4,7 +4,7 @@ The real SmolLM2-135M-Instruct target with the shipped DFlash 2 drafter, chat pr
 attention on, every context within 256 cells (where a batched verify row and a one-token decode
 give the same logits bit for bit: tests/test_driver_smollm2.py's docstring):
 
-- with presence 1.5 / frequency 0.5 / repeat 1.3 / a logit bias / a JSON-schema grammar, the
+- 10 prompts x 40 tokens: with presence 1.5 / frequency 0.5 / repeat 1.3 / a logit bias / a JSON-schema grammar, the
   text with the drafter is the text without it, token for token, and each setting changes the
   text relative to plain greedy decoding (a setting the driver ignored would fail that);
 - the penalties also equal ``llama_cpp.Llama``'s (its sampler counts generated tokens only:
@@ -37,7 +37,7 @@ QUESTIONS = [
     "Who was Ada Lovelace?",
     "Tell me a fun fact about octopuses.",
 ]
-N_NEW = 48
+N_NEW = 40
 PERSON = {
     "type": "object",
     "properties": {
@@ -117,8 +117,8 @@ def test_settings_exact_with_drafter_quick(shipped):
 
 
 @pytest.mark.slow
-def test_settings_exact_with_drafter_12_prompts(shipped):
-    ids, outputs = _equal_with_and_without_drafter(shipped, QUESTIONS)
+def test_settings_exact_with_drafter_10_prompts(shipped):
+    ids, outputs = _equal_with_and_without_drafter(shipped, QUESTIONS[:10])
     for r in outputs["json schema"]:
         assert r.text.lstrip().startswith("{")
 
