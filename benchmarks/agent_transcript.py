@@ -2,8 +2,8 @@
 on/off (issue 12, item 7). Prints a markdown table and writes JSON.
 
 An agent resends the whole conversation every turn behind a long system prompt. This script
-builds one: a system prompt of >= 3000 tokens (this repository's README, about 6000 tokens today, as the
-"project instructions", plus tool descriptions), then 6 user turns; each turn's prompt is the
+builds one: a system prompt of >= 3000 tokens (tool descriptions and paragraphs of this repository's
+README as the "project instructions"), then 6 user turns; each turn's prompt is the
 previous transcript (with the model's own answers) plus the new user message, rendered with the
 GGUF's chat template. For each configuration it replays the 6 turns on a fresh decoder and reports
 per turn: prompt tokens, tokens reused from the prompt cache, time to first token (prefill +
@@ -42,13 +42,14 @@ TURNS = [
 
 
 def system_prompt(min_tokens: int, tokenize) -> str:
-    """Project instructions of at least ``min_tokens`` tokens (README + STYLE-like notes + tools)."""
-    parts = ["You are a coding agent working in the dflash2-gguf repository. Project documentation follows.\n",
-             (ROOT / "README.md").read_text(encoding="utf-8"), TOOLS]
-    text = "\n".join(parts)
-    paragraphs = [q for f in sorted((ROOT / "docs").glob("*.md")) for q in f.read_text(encoding="utf-8").split("\n\n")]
+    """Project instructions of at least ``min_tokens`` tokens: tool descriptions, then paragraphs
+    of this repository's README and docs until the count is reached."""
+    text = "You are a coding agent working in the dflash2-gguf repository.\n" + TOOLS + "\nProject documentation:\n"
+    files = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+    paragraphs = [q for f in files for q in f.read_text(encoding="utf-8").split("\n\n")]
     while len(tokenize(text)) < min_tokens and paragraphs:
-        text += "\n\n" + paragraphs.pop(0)
+        text += "\n\n" + "\n\n".join(paragraphs[:8])
+        del paragraphs[:8]
     return text
 
 
