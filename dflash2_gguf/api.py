@@ -589,8 +589,10 @@ class DFlashDecoder:
                 before it.
             n_draft_max: Drafts verified per cycle (the drafter always computes its full trained
                 block; this only truncates afterwards). Default: block size - 1.
-            p_min: Stop reading drafts at the first whose draft probability (v2: softmax of the
-                selector scores at temperature 1; v1: softmax of the draft logits) is < p_min.
+            p_min: Stop drafting at the first row whose most likely candidate has probability
+                < p_min (v2: softmax of the selector scores at temperature 1; v1: softmax of the
+                draft logits), judged before that row's draft is drawn so that T > 0 stays
+                lossless (for greedy drafting: the draft's own probability, llama.cpp's meaning).
             use_drafter: False runs the target alone through the same loop.
             ignore_eos: Do not stop on end-of-generation tokens.
             cache_prompt: Reuse the longest common token prefix with what the decoder holds (the

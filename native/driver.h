@@ -55,7 +55,7 @@ struct GenParams {
     SamplingOptions sampling;
     int      n_predict   = 128;
     int      n_draft_max = -1;     // drafts per cycle after the full block is drafted; -1: block-1
-    float    p_min       = 0.0f;   // stop the walk at a draft whose probability is below p_min
+    float    p_min       = 0.0f;   // stop the walk at a row whose top probability (before the draw) is below p_min
     bool     use_drafter = true;
     bool     ignore_eog  = false;
     bool     cache_prompt = true;  // reuse the longest common prefix with the cached state
