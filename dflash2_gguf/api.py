@@ -233,7 +233,7 @@ def _save_cost_model(key: str, d: dict) -> None:
     models = _load_cost_models()
     models[key] = d
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")  # server slots save from threads
     tmp.write_text(json.dumps(models, indent=1))
     os.replace(tmp, path)
 
