@@ -227,7 +227,10 @@ TokenLogprob token_logprob(const std::vector<float> & logits, int32_t tok, int n
         std::partial_sort(idx.begin(), idx.begin() + n_top, idx.end(), [&](int a, int b) {
             return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
         });
-        for (int i = 0; i < n_top; ++i) r.top.emplace_back(idx[i], (float) ((double) logits[idx[i]] - lz));
+        for (int i = 0; i < n_top; ++i) {
+            if (logits[idx[i]] == -INFINITY) break;  // banned (grammar, bias): not an alternative
+            r.top.emplace_back(idx[i], (float) ((double) logits[idx[i]] - lz));
+        }
     }
     return r;
 }

@@ -114,7 +114,8 @@ class SamplerState {
 };
 
 // log softmax of `logits` at temperature 1: logprob of `tok` and the n most likely (id, logprob),
-// most likely first (ties: lower id first).
+// most likely first (ties: lower id first); tokens at -inf (banned by a grammar or logit bias)
+// are never listed, so the list may be shorter than n.
 struct TokenLogprob {
     int32_t token = -1;
     float logprob = 0.0f;

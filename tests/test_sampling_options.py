@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.native
@@ -166,6 +167,14 @@ def test_logprobs_equal_with_and_without_drafter(shipped):
         assert [x for x, _ in a.top] == [x for x, _ in b.top]
         # greedy under presence penalty: the committed token is the top of the processed distribution
         assert a.top[0][0] == t and a.top[0][1] == pytest.approx(a.logprob) and a.logprob <= 0
+    # under a grammar the alternatives are the tokens it allows, never a banned one at -inf (JSON
+    # cannot carry -inf: the server failed on it): after "yes"/"no" only end-of-generation tokens
+    g = dataclasses.replace(sp, n_probs=5, grammar='root ::= "yes" | "no"')
+    r = shipped.generate(ids, max_tokens=6, sampling=g, cache_prompt=False)
+    assert r.finish_reason == "eog" and r.text in ("yes", "no")
+    assert all(np.isfinite(v) for lp in r.logprobs for _, v in lp.top)
+    last = r.logprobs[-1].top
+    assert r.tokens[-1] in [t for t, _ in last] and len(last) < 5
 
 
 @pytest.mark.slow
