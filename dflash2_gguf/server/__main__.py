@@ -10,7 +10,7 @@ Flags are llama-server's names and defaults (tools/server/README.md at llama.cpp
   ``-cd``, ``-t``, ``-td``, ``-ngl``, ``-ngld``, ``-fa``, ``-nr``, ``-v`` (llama.cpp's log and
   llama-server's ``__verbose`` in responses).
 - Speculative: ``--spec-type none|draft-dflash`` (default: draft-dflash with ``-md``, else none),
-  ``--spec-draft-n-max``, ``--spec-draft-n-min`` (recorded for adaptive drafting; no effect yet),
+  ``--spec-draft-n-max``, ``--spec-draft-n-min`` (recorded; no effect yet), ``--spec-draft-adaptive on|off``,
   ``--spec-draft-p-min``.
 - Request defaults: ``--temp``, ``--top-k``, ``--top-p``, ``--min-p``, ``-s/--seed`` (-1 =
   random), ``-n/--predict/--n-predict`` (-1 = until end of generation or a full context).

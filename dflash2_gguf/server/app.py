@@ -117,7 +117,8 @@ class ServerSettings:
             adaptive draft length.
         spec_adaptive: ``--spec-draft-adaptive on|off``: choose the drafts per cycle from the
             measured cost model and the drafter's confidence (default), or always ``n_draft_max``.
-        n_draft_min: ``--spec-draft-n-min`` (recorded; no effect until adaptive drafting).
+        n_draft_min: ``--spec-draft-n-min`` (recorded; no effect yet: the adaptive draft length
+            has no lower bound).
         p_min: ``--spec-draft-p-min`` (a request may set its own ``speculative.p_min``).
         n_slots: ``--parallel``: slots (each loads its own decoder, see :mod:`.worker`).
         temperature / top_k / top_p / min_p / seed / n_predict: request defaults (``--temp``,
