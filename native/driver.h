@@ -1,9 +1,11 @@
 // The DFlash / DFlash 2 speculative decoding driver on libllama (see driver.cpp).
 //
-// One Engine owns a target model + context and, optionally, a dflash drafter model + context
-// (the drafter's context has `ctx_other` = the target context, so it borrows the target's token
-// embeddings and LM head). The whole draft -> verify -> accept -> roll back loop runs in C++;
-// the binding (module.cpp) only converts types and releases the GIL.
+// One Engine owns a target model + context and, optionally, a Drafter (drafter.h: a dflash model
+// + context whose `ctx_other` is the target context, so it borrows the target's token embeddings
+// and LM head). The whole draft -> verify -> accept -> roll back loop runs in C++, from units
+// listed at the top of driver.cpp; the binding (module.cpp) only converts types and releases the
+// GIL. State kept across generations: the prompt cache (both caches' contents, the RAM cache),
+// the cost model, the acceptance calibration and the drafter gate.
 #pragma once
 
 #include <cstdint>
