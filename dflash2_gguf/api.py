@@ -573,6 +573,7 @@ class DFlashDecoder:
         ignore_eos: bool = False,
         cache_prompt: bool = True,
         adaptive: bool = True,
+        n_draft_min: int = 0,
         stream: bool = False,
         _test_fault: int = 0,
         **sampling_overrides: Any,
@@ -606,6 +607,9 @@ class DFlashDecoder:
                 distributed (T > 0) either way; the choice depends on measured timings, so at
                 T > 0 a seed reproduces the distribution, not the exact text. False: always
                 ``n_draft_max`` drafts (llama.cpp's fixed ``--spec-draft-n-max``).
+            n_draft_min: With ``adaptive``, when the drafter runs, verify at least this many drafts
+                (llama.cpp's ``--spec-draft-n-min`` / llama-server's ``speculative.n_min``): a floor
+                under the adaptive choice, decided before the drafts are drawn (lossless).
             stream: Return an iterator of :class:`StreamChunk` instead of a result.
             _test_fault: TEST HOOK of the lossless tests' negative controls
                 (``native/acceptance.h`` ``TestFault``); never set it otherwise.
@@ -623,6 +627,9 @@ class DFlashDecoder:
         g, stops, want_lp = self._params(max_tokens, sampling, stop, n_draft_max, p_min, use_drafter, ignore_eos,
                                          cache_prompt, sampling_overrides, _test_fault)
         g.adaptive = bool(adaptive)
+        if int(n_draft_min) < 0:
+            raise ValueError("n_draft_min must be >= 0")
+        g.n_draft_min = int(n_draft_min)
         if adaptive and use_drafter and self.has_drafter:
             self._ensure_costs()
         if stream:

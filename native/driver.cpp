@@ -471,6 +471,10 @@ Chunk Engine::step() {
         if (gp_.p_min > 0.0f && conf < gp_.p_min) return false;
         if (!adaptive) return true;
         const double ai = calib_.predict(conf);
+        if (i < gp_.n_draft_min) {  // the floor: decided before the draw like the rest
+            acc.push_back(ai);
+            return true;
+        }
         std::vector<double> a(acc);
         a.resize(k_max, ai);
         if (choose_draft_length(cost_, a, k_max, 0.0) < i + 1) return false;

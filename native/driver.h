@@ -56,7 +56,9 @@ struct EngineOptions {
 struct GenParams {
     SamplingOptions sampling;
     int      n_predict   = 128;
-    int      n_draft_max = -1;     // drafts per cycle after the full block is drafted; -1: block-1
+    int      n_draft_max = -1;
+    int      n_draft_min = 0;      // when the drafter runs, verify at least this many drafts (llama.cpp
+                                   // --spec-draft-n-min): a floor under the adaptive choice     // drafts per cycle after the full block is drafted; -1: block-1
     float    p_min       = 0.0f;   // stop the walk at a row whose top probability (before the draw) is below p_min
     bool     use_drafter = true;
     bool     ignore_eog  = false;

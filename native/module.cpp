@@ -156,6 +156,7 @@ NB_MODULE(_native, m) {
         .def_rw("ignore_eog", &dflash2::GenParams::ignore_eog)
         .def_rw("cache_prompt", &dflash2::GenParams::cache_prompt)
         .def_rw("adaptive", &dflash2::GenParams::adaptive)
+        .def_rw("n_draft_min", &dflash2::GenParams::n_draft_min)
         .def_rw("stop", &dflash2::GenParams::stop)
         .def_rw("test_fault", &dflash2::GenParams::test_fault);
 

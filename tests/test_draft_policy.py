@@ -135,6 +135,30 @@ def test_gate_skips_the_drafter_when_drafting_does_not_pay(native_ext, smollm2_g
         assert st.n_cycles - st.n_drafter_skipped >= 3
 
 
+def test_n_draft_min_is_a_floor_when_the_drafter_runs(native_ext, smollm2_gguf):
+    """llama.cpp's --spec-draft-n-min / speculative.n_min: under a curve where the policy would
+    verify 0-2 drafts, every cycle that ran the drafter verifies >= 3 (unless the walk ends at
+    the block or the budget), and the text is still the target's."""
+    from pathlib import Path
+
+    from dflash2_gguf import DFlashDecoder, SamplingParams
+
+    shipped = Path(__file__).resolve().parent.parent / "models" / "smollm2-135m-dflash2.gguf"
+    costs = {"verify_ms": [12.0 * r for r in CPU_ROWS], "draft_ms": 0.0}  # drafting free: the gate stays open
+    greedy = SamplingParams.greedy_params()
+    msgs = [{"role": "user", "content": "Describe the water cycle."}]
+    with DFlashDecoder(smollm2_gguf, shipped, n_ctx=512, n_threads=2, flash_attn=True, cost_model=costs) as dec:
+        free = dec.generate(messages=msgs, max_tokens=64, sampling=greedy, cache_prompt=False)
+        floor = dec.generate(messages=msgs, max_tokens=64, sampling=greedy, cache_prompt=False, n_draft_min=3)
+        off = dec.generate(messages=msgs, max_tokens=64, sampling=greedy, cache_prompt=False, use_drafter=False)
+    assert free.tokens == floor.tokens == off.tokens
+    assert sum(free.stats.k_hist[1:3]) > 0, free.stats.k_hist          # without the floor: short drafts
+    h = floor.stats.k_hist
+    ran = floor.stats.n_cycles - floor.stats.n_drafter_skipped
+    assert sum(h[3:]) >= ran - 2, (h, ran)   # the last cycles may be cut by the 64-token budget
+    assert sum(h[1:3]) <= 2, h
+
+
 @pytest.mark.parametrize("version", [2])
 def test_lossless_with_adaptation_varying_k(native_ext, tiny_llama, tiny_drafters, version):
     """T > 0 with a cost curve under which k varies: the marginals of 3 tokens still match the

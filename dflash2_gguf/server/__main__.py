@@ -10,7 +10,7 @@ Flags are llama-server's names and defaults (tools/server/README.md at llama.cpp
   ``-cd``, ``-t``, ``-td``, ``-ngl``, ``-ngld``, ``-fa``, ``-nr``, ``-v`` (llama.cpp's log and
   llama-server's ``__verbose`` in responses).
 - Speculative: ``--spec-type none|draft-dflash`` (default: draft-dflash with ``-md``, else none),
-  ``--spec-draft-n-max``, ``--spec-draft-n-min`` (recorded; no effect yet), ``--spec-draft-adaptive on|off``,
+  ``--spec-draft-n-max``, ``--spec-draft-n-min`` (a floor under the adaptive choice), ``--spec-draft-adaptive on|off``,
   ``--spec-draft-p-min``.
 - Request defaults: ``--temp``, ``--top-k``, ``--top-p``, ``--min-p``, ``-s/--seed`` (-1 =
   random), ``-n/--predict/--n-predict`` (-1 = until end of generation or a full context).
@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="choose the drafts verified per cycle from a measured cost model and the drafter's "
                         "confidence (default on); off: always --spec-draft-n-max")
     p.add_argument("--spec-draft-n-min", type=int, default=0,
-                   help="minimum drafts per cycle (recorded for adaptive drafting; no effect yet)")
+                   help="when the drafter runs, verify at least this many drafts (a floor under the adaptive choice)")
     p.add_argument("--spec-draft-p-min", type=float, default=0.0, help="stop reading drafts below this probability")
     p.add_argument("-np", "--parallel", type=int, default=-1,
                    help="slots (each loads its own decoder; -1 = auto = 1)")

@@ -117,8 +117,8 @@ class ServerSettings:
             adaptive draft length.
         spec_adaptive: ``--spec-draft-adaptive on|off``: choose the drafts per cycle from the
             measured cost model and the drafter's confidence (default), or always ``n_draft_max``.
-        n_draft_min: ``--spec-draft-n-min`` (recorded; no effect yet: the adaptive draft length
-            has no lower bound).
+        n_draft_min: ``--spec-draft-n-min``: when the drafter runs, at least this many drafts are
+            verified (a floor under the adaptive choice); a request may set ``speculative.n_min``.
         p_min: ``--spec-draft-p-min`` (a request may set its own ``speculative.p_min``).
         n_slots: ``--parallel``: slots (each loads its own decoder, see :mod:`.worker`).
         temperature / top_k / top_p / min_p / seed / n_predict: request defaults (``--temp``,
@@ -589,6 +589,7 @@ class _Service:
         if nd is not None and s.n_draft_max is not None:
             nd = min(nd, s.n_draft_max)
         p_min = spec["p_min"] if spec["p_min"] is not None else s.p_min
+        n_min = spec["n_min"] if spec["n_min"] is not None else s.n_draft_min
         grammar = tool_grammar or self.grammar_for(body)[0]
         n_probs = body.n_probs_wanted()
         stop = body.stop_list
@@ -620,6 +621,8 @@ class _Service:
                 kw["cache_prompt"] = False
             if not s.spec_adaptive and ("adaptive" in acc or "*" in acc):
                 kw["adaptive"] = False
+            if n_min and ("n_draft_min" in acc or "*" in acc):
+                kw["n_draft_min"] = int(n_min)
             return kw
 
         prepare.n_predict = limit  # type: ignore[attr-defined]
