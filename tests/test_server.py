@@ -648,6 +648,7 @@ def test_speculative_request_fields(tmp_path):
         httpx.post(u + "/completion", json={"prompt": "x", "n_predict": 2, "speculative.n_max": 3,
                                             "speculative.p_min": 0.5, "speculative.n_min": 1}, timeout=30)
         assert (decs[0].calls[-1]["n_draft_max"], decs[0].calls[-1]["p_min"]) == (3, 0.5)
+        assert decs[0].calls[-1]["n_draft_min"] == 1
         httpx.post(u + "/v1/chat/completions", json={"messages": CHAT, "speculative": {"n_max": 99}}, timeout=30)
         assert decs[0].calls[-1]["n_draft_max"] == 6  # never above --spec-draft-n-max
         httpx.post(u + "/v1/completions", json={"prompt": "x"}, timeout=30)
