@@ -764,3 +764,18 @@ def test_live_n_probs_and_cached_tokens(live):
     r2 = httpx.post(live.url + "/v1/chat/completions", json=body, timeout=120).json()
     assert len(r1["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 1
     assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] == r2["timings"]["cache_n"] > 0
+
+
+def test_structured_output_parse_with_pydantic(client):
+    """The openai SDK's ``chat.completions.parse(response_format=PydanticModel)`` (a
+    ``json_schema`` response format, enforced by a grammar): the reply parses into the model."""
+    import pydantic
+
+    class Person(pydantic.BaseModel):
+        name: str = pydantic.Field(max_length=16)
+        age: int
+
+    r = client.chat.completions.parse(model="smol", messages=[{"role": "user", "content": "Invent a person."}],
+                                      response_format=Person, max_tokens=64, temperature=0)
+    p = r.choices[0].message.parsed
+    assert isinstance(p, Person) and p.name and r.choices[0].finish_reason == "stop"
