@@ -18,6 +18,12 @@ Reads every ``<runs>/*/bench.json`` (written by ``dflash2-gguf bench --out``), a
 
 Text between ``<!-- analysis -->`` and ``<!-- /analysis -->`` in an existing output file is kept:
 that is where the hand-written reading of the figures goes.
+
+Draft-length sweeps (``dflash2-gguf bench --sweep --out <runs>/sweep-<set>-t<T>``, issue 14: the
+target alone, every fixed k and the adaptive policy on the same requests, back to back) are read
+from ``<runs>/*/sweep.json`` and rendered between ``<!-- sweep -->`` and ``<!-- /sweep -->``;
+``--sweeps-only`` rewrites just that block of an existing file (the other sections stay as they
+are), so sweeps can be added run by run.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 KEEP_START, KEEP_END = "<!-- analysis -->", "<!-- /analysis -->"
+SWEEP_START, SWEEP_END = "<!-- sweep -->", "<!-- /sweep -->"
 _SET_ORDER = ["gsm8k", "math500", "humaneval", "mbpp", "mt-bench"]
 
 
@@ -83,6 +90,76 @@ def load_runs(runs: Path) -> list[dict]:
         ds = r["config"]["dataset"]
         return (_SET_ORDER.index(ds) if ds in _SET_ORDER else 99, ds, r["config"]["temperature"])
     return sorted(reps, key=key)
+
+
+def load_sweeps(runs: Path) -> list[dict]:
+    """Every ``sweep.json`` under ``runs`` (one level down), in prompt-set order, T=0 first."""
+    reps = [json.loads(p.read_text()) for p in sorted(runs.glob("*/sweep.json"))]
+
+    def key(r: dict) -> tuple:
+        ds = r["config"]["dataset"]
+        return (_SET_ORDER.index(ds) if ds in _SET_ORDER else 99, ds, r["config"]["temperature"])
+    return sorted(reps, key=key)
+
+
+def sweep_table(sweeps: list[dict]) -> str:
+    """One row per sweep: the target alone's decode tokens/s, each fixed k's and the adaptive
+    policy's decode tokens/s as a ratio to it, the adaptive policy's ratio with the prefill
+    included, and its ratio to the best fixed k."""
+    n_fixed = max(len(r["rows"]) - 2 for r in sweeps)
+    cols = (["prompt set", "T", "requests", "target alone tok/s"] + [f"k={k}" for k in range(1, n_fixed + 1)]
+            + ["adaptive", "adaptive, prefill incl.", "adaptive / best fixed k", "adaptive tau", "T=0 identical"])
+    rows = []
+    for r in sweeps:
+        c, rr = r["config"], r["rows"]
+        fixed = [_f(x["ratio_vs_alone"], 3) for x in rr[1:-1]] + ["-"] * (n_fixed - (len(rr) - 2))
+        ad = rr[-1]
+        rows.append([c["dataset"], f"{c['temperature']:g}", str(c["n_prompts"]), _f(rr[0]["tokens_per_second"], 1)]
+                    + fixed + [f"**{ad['ratio_vs_alone']:.3f}**", _f(ad.get("overall_ratio_vs_alone"), 3),
+                               _f(r["adaptive_vs_best_fixed"], 3), _f(ad["acceptance_length"], 2),
+                               ("yes" if r["identical"] else "NO") if c["temperature"] == 0 else "-"])
+    return _md_table(cols, rows)
+
+
+def sweep_section(sweeps: list[dict], commands: str) -> str:
+    """The draft-length section: the commands, the table, what the columns mean, the cost models."""
+    c0 = sweeps[0]["config"]
+    cms = [r.get("cost_model") or {} for r in sweeps]
+    cm_lines = [f"- {r['config']['dataset']} T={r['config']['temperature']:g}: verify "
+                + ", ".join(f"{x:.1f}" for x in cm.get("verify_ms", [])) + f" ms for 1.. rows; drafter pass "
+                f"{cm.get('draft_ms', float('nan')):.1f} ms" for r, cm in zip(sweeps, cms) if cm]
+    return "\n".join([
+        SWEEP_START,
+        "## Draft length: target alone, every fixed k, adaptive",
+        "",
+        f"Each request runs every configuration back to back through one decoder (the order reversed "
+        f"every other request), {c0['max_new_tokens']} new tokens, first turns only; tokens/s of the decode "
+        "phase (tokens after the first / time after the prefill) unless marked; the k columns and "
+        "\"adaptive\" are ratios to the target alone. Machine: " + machine(),
+        "",
+        "```bash",
+        commands.strip() or "(commands.txt missing)",
+        "```",
+        "",
+        sweep_table(sweeps),
+        "",
+        "Cost models in use at the end of each run (measured at load, then updated online):",
+        "",
+        *cm_lines,
+        SWEEP_END,
+    ])
+
+
+def replace_block(text: str, block: str, start: str, end: str, before: str = "") -> str:
+    """``text`` with the block from ``start`` to ``end`` replaced by ``block`` (inserted before the
+    first occurrence of ``before`` when absent, else appended)."""
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        return head + block + rest.split(end, 1)[1]
+    if before and before in text:
+        head, rest = text.split(before, 1)
+        return head + block + "\n\n" + before + rest
+    return text.rstrip("\n") + "\n\n" + block + "\n"
 
 
 def _side(rep: dict) -> dict[str, Any]:
@@ -320,7 +397,24 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--runs", required=True, type=Path, help="folder with one bench --out folder per run")
     ap.add_argument("--out", default="BENCHMARKS.md", type=Path)
     ap.add_argument("--plot", default=Path("benchmarks/per_position_acceptance.png"), type=Path)
+    ap.add_argument("--sweeps-only", action="store_true",
+                    help="rewrite only the draft-length sweep section of an existing --out")
     a = ap.parse_args(argv)
+    sweeps = load_sweeps(a.runs)
+    scmds = a.runs / "sweep-commands.txt"
+    sweep_cmds = scmds.read_text() if scmds.is_file() else ""
+    if a.sweeps_only:
+        if not sweeps:
+            raise SystemExit(f"no */sweep.json under {a.runs}")
+        if not a.out.is_file():
+            raise SystemExit(f"{a.out} does not exist (--sweeps-only updates an existing report)")
+        text = replace_block(a.out.read_text(), sweep_section(sweeps, sweep_cmds), SWEEP_START, SWEEP_END,
+                             before="## Summary")
+        tmp = a.out.with_suffix(".md.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, a.out)
+        print(f"wrote the sweep section of {a.out} ({len(sweeps)} sweeps)")
+        return 0
     reps = load_runs(a.runs)
     if not reps:
         raise SystemExit(f"no */bench.json under {a.runs}")
@@ -334,7 +428,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     plot(reps, a.plot)
     rel = os.path.relpath(a.plot, a.out.parent)
     tmp = a.out.with_suffix(".md.tmp")
-    tmp.write_text(render(reps, commands=commands, plot_rel=rel, kept=kept))
+    text = render(reps, commands=commands, plot_rel=rel, kept=kept)
+    if sweeps:
+        text = replace_block(text, sweep_section(sweeps, sweep_cmds), SWEEP_START, SWEEP_END, before="## Summary")
+    tmp.write_text(text)
     os.replace(tmp, a.out)
     print(f"wrote {a.out} ({len(reps)} runs) and {a.plot}")
     return 0

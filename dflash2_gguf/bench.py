@@ -41,6 +41,7 @@ Nothing here imports native code or llama_cpp at import time.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -110,8 +111,11 @@ def run_from_args(args) -> int:
                         decoder_kwargs=dkw, progress=not args.no_progress)
         print(sweep_markdown(rep))
         if args.out:
-            Path(args.out).mkdir(parents=True, exist_ok=True)
-            (Path(args.out) / "sweep.json").write_text(json.dumps(rep, indent=1))
+            out = Path(args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            tmp = out / "sweep.json.tmp"  # written whole, then renamed: never a half-written sweep.json
+            tmp.write_text(json.dumps(rep, indent=1))
+            os.replace(tmp, out / "sweep.json")
         return 0
     try:
         report = run_bench(

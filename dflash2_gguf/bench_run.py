@@ -203,7 +203,8 @@ def run_sweep(
                     for k in range(1, nmax + 1)]
         configs += [("adaptive", dict(adaptive=True))]
         dec.generate(messages=[{"role": "user", "content": prompts[0]}], max_tokens=8)  # warm-up + cost model
-        acc = {name: [0, 0.0, 0, 0] for name, _ in configs}  # tokens, seconds, committed in cycles, cycles
+        # per configuration: decode tokens, decode seconds, committed in cycles, cycles, all tokens, all seconds
+        acc = {name: [0, 0.0, 0, 0, 0, 0.0] for name, _ in configs}
         identical = True
         bar = None
         if progress:
@@ -215,29 +216,35 @@ def run_sweep(
             if len(ids) + max_new_tokens + dec.block_size + 1 > n_ctx:
                 continue
             sp = SamplingParams(temperature=float(temperature), top_k=0, top_p=1.0, min_p=0.0, seed=seed + i)
-            ref = None
-            for name, extra in configs:
+            tokens = {}
+            # every other request runs the configurations in reverse order: a drift in machine
+            # speed during a request then hits the first and the last alike
+            for name, extra in (configs if i % 2 == 0 else configs[::-1]):
                 r = dec.generate(ids, max_tokens=max_new_tokens, sampling=sp, cache_prompt=False, **extra)
                 a = acc[name]
                 a[0] += r.stats.n_generated - 1  # decode phase: the first token comes from the prefill
                 a[1] += r.stats.t_total_s - r.stats.t_prefill_s
                 a[2] += r.stats.n_generated - 1
                 a[3] += r.stats.n_cycles
-                ref = r.tokens if ref is None else ref
-                identical &= temperature > 0 or r.tokens == ref
+                a[4] += r.stats.n_generated
+                a[5] += r.stats.t_total_s
+                tokens[name] = r.tokens
                 if bar is not None:
                     bar.update(1)
+            identical &= temperature > 0 or all(t == tokens[configs[0][0]] for t in tokens.values())
         if bar is not None:
             bar.close()
         cost = dec.cost_model
     rows = []
     for name, _ in configs:
-        tok, sec, com, cyc = acc[name]
+        tok, sec, com, cyc, tok_all, sec_all = acc[name]
         rows.append(dict(name=name, tokens=tok, seconds=sec, tokens_per_second=tok / sec if sec else 0.0,
-                         acceptance_length=com / cyc if cyc else 0.0))
-    alone = rows[0]["tokens_per_second"]
+                         acceptance_length=com / cyc if cyc else 0.0,
+                         overall_tokens_per_second=tok_all / sec_all if sec_all else 0.0))
+    alone, alone_all = rows[0]["tokens_per_second"], rows[0]["overall_tokens_per_second"]
     for r in rows:
         r["ratio_vs_alone"] = r["tokens_per_second"] / alone if alone else 0.0
+        r["overall_ratio_vs_alone"] = r["overall_tokens_per_second"] / alone_all if alone_all else 0.0
     best_fixed = max(r["tokens_per_second"] for r in rows[1:-1])
     return dict(config=dict(target=str(target), drafter=str(drafter), dataset=dataset, n_prompts=len(prompts),
                             max_new_tokens=max_new_tokens, temperature=float(temperature), threads=n_threads),

@@ -60,15 +60,19 @@ void AcceptanceCalibration::observe(double c, bool accepted) {
     if (accepted) accepted_[b] += 1.0;
 }
 
+bool DraftGate::open(const CostModel & cost) const {
+    return rate_ < 0.0 || !cost.valid() || rate_ * cost.verify_ms[0] >= 1.0;
+}
+
 bool DraftGate::draft_now(const CostModel & cost) {
-    if (rate_ < 0.0 || !cost.valid() || rate_ * cost.verify_ms[0] >= 1.0) {
+    if (open(cost)) {
         skipped_ = 0;
         interval_ = 4;
         return true;
     }
     if (++skipped_ >= interval_) {  // probe
         skipped_ = 0;
-        interval_ = std::min(interval_ * 2, 64);
+        interval_ = std::min(interval_ * 2, kMaxInterval);
         return true;
     }
     return false;

@@ -54,13 +54,17 @@ class AcceptanceCalibration {
 };
 
 // Whether to run the drafter this cycle: when its recent cycles delivered fewer expected tokens
-// per millisecond than a plain decode, skip it, and probe again after 4, 8, ... 64 skipped cycles
-// (doubling while probes keep losing).
+// per millisecond than a plain decode, skip it, and probe again after 4, 8, ... kMaxInterval
+// skipped cycles (doubling while probes keep losing; a probe costs about one target decode, so at
+// the longest interval probing costs well under 1% of the time).
 class DraftGate {
   public:
-    bool draft_now(const CostModel & cost) ;
+    bool draft_now(const CostModel & cost);
+    // True when the next cycle runs the drafter without a probe (no history yet, or paying).
+    bool open(const CostModel & cost) const;
     void observe_drafting(double rate);  // the chosen k's predicted rate, cycles that drafted
     void reset();
+    static constexpr int kMaxInterval = 256;
   private:
     double rate_ = -1.0;   // EMA of drafting cycles' predicted tokens/ms (-1: none yet)
     int skipped_ = 0, interval_ = 4;

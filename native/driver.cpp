@@ -153,6 +153,8 @@ void Engine::close() {
     cap_.reset();
     active_ = false;
     tokens_.clear();
+    pending_.clear();
+    n_pending_ = 0;
     n_past_ = n_dft_valid_ = 0;
 }
 
@@ -290,19 +292,22 @@ int Engine::reuse_prefix(const std::vector<int32_t> & prompt) {
         const int bi = cache_->best(prompt, lcp);
         const bool restore = bi >= 0 && lcp > live;
         if (n_past_ - live >= kMinSaveTokens) {
+            flush_pending();  // the saved drafter state then holds every feature of the prefix
             cache_->save(ctx_tgt_, dft_ ? dft_->ctx() : nullptr,
                          std::vector<int32_t>(tokens_.begin(), tokens_.begin() + n_past_), n_dft_valid_);
         }
         if (restore) {
             const int bi2 = cache_->best(prompt, lcp);  // indices move when save() drops entries
             cache_->restore(bi2, ctx_tgt_, dft_ ? dft_->ctx() : nullptr, tokens_, n_dft_valid_);
+            pending_.clear();  // they belonged to the replaced state
+            n_pending_ = 0;
             n_past_ = (int) tokens_.size();
             live = lcp;
             stats_.n_cache_restored = lcp;
         }
     }
     int reuse = std::min(live, n - 1);
-    if (dft_ && gp_.use_drafter) reuse = std::min(reuse, n_dft_valid_);
+    if (dft_ && gp_.use_drafter) reuse = std::min(reuse, n_dft_valid_ + n_pending_);
     return reuse;
 }
 
@@ -315,6 +320,30 @@ void Engine::flush_pending() {
     n_dft_valid_ += n_pending_;
     n_pending_ = 0;
     pending_.clear();
+}
+
+// Rows row0..row0+n-1 of the last target pass (positions n_dft_valid_ + n_pending_..) wait in
+// pending_; past kMaxPendingBytes they go to the drafter now (bounded memory on long contexts).
+void Engine::add_pending(int row0, int n) {
+    const size_t w = (size_t) cap_->width();
+    cap_->gather(ctx_tgt_, row0, n, feat_);
+    pending_.insert(pending_.end(), feat_.begin(), feat_.begin() + (size_t) n * w);
+    n_pending_ += n;
+    if (pending_.size() * sizeof(float) > kMaxPendingBytes) flush_pending();
+}
+
+// Keep the drafter's features of positions [0, n) only: injected ones past n leave its cache,
+// pending ones past n are dropped.
+void Engine::truncate_features(int n) {
+    if (n <= n_dft_valid_) {
+        n_dft_valid_ = std::max(n, 0);
+        dft_->remove_from(n_dft_valid_);
+        pending_.clear();
+        n_pending_ = 0;
+    } else if (n < n_dft_valid_ + n_pending_) {
+        n_pending_ = n - n_dft_valid_;
+        pending_.resize((size_t) n_pending_ * cap_->width());
+    }
 }
 
 CostModel Engine::measure_costs(int reps) {
@@ -393,14 +422,12 @@ Chunk Engine::begin(const std::vector<int32_t> & prompt, const GenParams & gp) {
     llama_memory_seq_rm(llama_get_memory(ctx_tgt_), 0, reuse, -1);
     n_past_ = reuse;
     tokens_.assign(prompt.begin(), prompt.begin() + reuse);
-    if (dft_) {
-        n_dft_valid_ = std::min(n_dft_valid_, reuse);
-        dft_->remove_from(n_dft_valid_);
-        pending_.clear();
-        n_pending_ = 0;
-    }
+    if (dft_) truncate_features(reuse);
     // the gate, the calibration and the cost model carry over from earlier generations: a new
-    // request starts with what the last ones learnt (and probes again on the gate's schedule)
+    // request starts with what the last ones learnt (and probes again on the gate's schedule).
+    // While the gate is closed the prompt's features wait in pending_ like the skipped cycles'
+    // (the drafter pass that would use them may never come).
+    const bool lazy = gp_.adaptive && cost_.valid() && !gate_.open(cost_);
     stats_.n_cached = reuse;
 
     for (int off = reuse; off < n; off += n_batch_tgt_) {
@@ -410,8 +437,13 @@ Chunk Engine::begin(const std::vector<int32_t> & prompt, const GenParams & gp) {
         // a drafter context shorter than the target's keeps what fits (drafting stops later)
         const int fit = std::min(m, n_ctx_dft_ - off);
         if (feats && fit > 0) {
-            inject_rows(0, fit, off);
-            n_dft_valid_ = off + fit;
+            if (lazy) {
+                add_pending(0, fit);
+            } else {
+                flush_pending();
+                inject_rows(0, fit, off);
+                n_dft_valid_ = off + fit;
+            }
         }
     }
     tokens_ = prompt;
@@ -548,20 +580,16 @@ Chunk Engine::step() {
     n_past_ = P + a + 1;
     llama_memory_seq_rm(llama_get_memory(ctx_tgt_), 0, n_past_, -1);
     // the features of rows 0..a go to the drafter now when it drafted this cycle, else they wait
-    // in pending_ and go in one batch when it drafts again (also on the last cycle: the next
-    // request's prompt cache then reuses the drafter's features up to the target's KV)
+    // in pending_ and go in one batch when it drafts again (pending_ outlives the generation: the
+    // next request's prompt cache reuses them like injected ones)
     const int fit = std::min(a + 1, n_ctx_dft_ - P);
     if (drafting && fit > 0 && n_dft_valid_ + n_pending_ == P) {
         t0 = now_ms();
-        if (n_pending_ == 0 && (run_drafter || done_)) {
+        if (n_pending_ == 0 && run_drafter) {
             inject_rows(0, fit, P);
             n_dft_valid_ = P + fit;
         } else {
-            const size_t w = (size_t) cap_->width();
-            cap_->gather(ctx_tgt_, 0, fit, feat_);
-            pending_.insert(pending_.end(), feat_.begin(), feat_.begin() + (size_t) fit * w);
-            n_pending_ += fit;
-            if (done_) flush_pending();
+            add_pending(0, fit);
         }
         stats_.t_inject_ms += now_ms() - t0;
     }

@@ -212,8 +212,11 @@ class Engine {
     AcceptanceCalibration calib_;
     DraftGate gate_;
     std::vector<float> pending_;   // features of rows not yet injected: positions n_dft_valid_..
-    int n_pending_ = 0;
+    int n_pending_ = 0;            // (kept across generations, like the injected ones)
+    static constexpr size_t kMaxPendingBytes = (size_t) 256 << 20;
     void flush_pending();
+    void add_pending(int row0, int n);
+    void truncate_features(int n);
 
     // per-cycle scratch
     std::vector<DraftRow> drafts_;

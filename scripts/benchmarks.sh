@@ -5,6 +5,8 @@
 #
 #   bash scripts/benchmarks.sh                      # all sets, N_PROMPTS=30, MAX_NEW=128
 #   SETS="gsm8k" TEMPS="0" N_PROMPTS=2 bash scripts/benchmarks.sh   # a quick look
+#   MODE=sweep bash scripts/benchmarks.sh           # draft-length sweeps (bench --sweep: target
+#       alone, every fixed k, adaptive), then only BENCHMARKS.md's sweep section is rewritten
 #
 # Env: DRAFTER (default models/smollm2-135m-dflash2.gguf), RUNS (output folder, default
 # bench-runs/), SIDE ("--upstream --prompt-lookup"; empty to skip), SIDE_TEMPS (temperatures that
@@ -26,6 +28,23 @@ MAX_NEW=${MAX_NEW:-128}
 SIDE=${SIDE---upstream --prompt-lookup}
 SIDE_TEMPS=${SIDE_TEMPS:-$TEMPS}
 mkdir -p "$RUNS"
+if [[ ${MODE:-bench} == sweep ]]; then
+  touch "$RUNS/sweep-commands.txt"
+  for ds in $SETS; do
+    for t in $TEMPS; do
+      out=$RUNS/sweep-$ds-t$t
+      cmd="dflash2-gguf bench -m $TARGET -md $DRAFTER --dataset $ds --n-prompts $N_PROMPTS --max-new-tokens $MAX_NEW --temp $t --seed 0 --sweep --out $out ${THREADS:+-t $THREADS}"
+      { grep -v -- "--out $out " "$RUNS/sweep-commands.txt" || true; echo "$cmd " | sed "s#$HOME#~#g"; } > "$RUNS/sweep-commands.tmp"
+      mv "$RUNS/sweep-commands.tmp" "$RUNS/sweep-commands.txt"
+      if [[ -f $out/sweep.json ]]; then echo "kept: $out" >&2; continue; fi
+      echo "+ $cmd" >&2
+      $cmd > "$out.log" 2>&1 || { echo "FAILED: $ds T=$t (see $out.log)" >&2; exit 1; }
+      grep -E "^adaptive /" "$out.log" || true
+    done
+  done
+  python -m benchmarks.report --runs "$RUNS" --out BENCHMARKS.md --sweeps-only
+  exit 0
+fi
 touch "$RUNS/commands.txt"
 # bench --upstream runs upstream's tools and refuses to start without them: build them once
 # (llama.cpp 0c1e570 from the llama-cpp-python sdist, ~6 min on 2 cores; cached afterwards)

@@ -226,3 +226,51 @@ def test_bench_cli_smoke(native_ext, smollm2_gguf, smollm2_drafters, tmp_path):
     br.main(["--runs", str(runs), "--out", str(bm), "--plot", str(tmp_path / "pp.png")])
     assert "Drafting pays on gsm8k." in bm.read_text()
 
+
+
+@pytest.mark.native
+@pytest.mark.slow
+def test_bench_sweep_cli_and_report_section(native_ext, smollm2_gguf, smollm2_drafters, tmp_path):
+    """bench --sweep: every configuration on the same requests (T = 0: the same tokens), the
+    figures in sweep.json, and BENCHMARKS.md's sweep section rewritten alone (--sweeps-only)
+    with those figures, the rest of the file kept."""
+    from dflash2_gguf.cli import main
+
+    runs = tmp_path / "runs"
+    out = runs / "sweep-gsm8k-t0"
+    rc = main(["bench", "-m", str(smollm2_gguf), "-md", str(smollm2_drafters[2]), "--dataset", "gsm8k",
+               "--n-prompts", "2", "--max-new-tokens", "12", "--temp", "0", "-t", "1", "--out", str(out),
+               "--no-progress", "-fa", "on", "-nr", "--sweep"])
+    assert rc == 0
+    assert not (out / "sweep.json.tmp").exists()
+    rep = json.loads((out / "sweep.json").read_text())
+    names = [r["name"] for r in rep["rows"]]
+    assert names == ["target alone"] + [f"fixed k={k}" for k in range(1, 7)] + ["fixed k=7 (full block)", "adaptive"]
+    assert rep["identical"] is True and rep["config"]["n_prompts"] == 2
+    tokens = {r["tokens"] for r in rep["rows"]}
+    assert len(tokens) == 1 and tokens.pop() > 0  # every configuration decoded the same tokens
+    for r in rep["rows"]:
+        assert r["tokens_per_second"] > 0 and r["overall_tokens_per_second"] > 0 and r["acceptance_length"] >= 1.0
+    assert rep["rows"][0]["acceptance_length"] == 1.0 and rep["rows"][0]["ratio_vs_alone"] == 1.0
+    ad = rep["rows"][-1]
+    assert math.isclose(rep["adaptive_vs_alone"], ad["tokens_per_second"] / rep["rows"][0]["tokens_per_second"])
+    best = max(r["tokens_per_second"] for r in rep["rows"][1:-1])
+    assert math.isclose(rep["adaptive_vs_best_fixed"], ad["tokens_per_second"] / best)
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks import report as br
+
+    (runs / "sweep-commands.txt").write_text("dflash2-gguf bench ... --sweep --dataset gsm8k\n")
+    bm = tmp_path / "BENCHMARKS.md"
+    bm.write_text("# Benchmarks\n\n## Summary\n\nold figures\n")
+    for _ in range(2):  # the second rewrite replaces the first section, it does not add one
+        assert br.main(["--runs", str(runs), "--out", str(bm), "--sweeps-only"]) == 0
+    text = bm.read_text()
+    assert text.count(br.SWEEP_START) == 1 and text.endswith("## Summary\n\nold figures\n")
+    assert text.index(br.SWEEP_END) < text.index("## Summary")
+    row = next(ln for ln in text.splitlines() if ln.startswith("| gsm8k | 0 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "2" and cells[3] == f"{rep['rows'][0]['tokens_per_second']:.1f}"
+    assert cells[4:11] == [f"{r['ratio_vs_alone']:.3f}" for r in rep["rows"][1:-1]]
+    assert cells[11] == f"**{ad['ratio_vs_alone']:.3f}**" and cells[13] == f"{rep['adaptive_vs_best_fixed']:.3f}"
+    assert cells[-1] == "yes" and "--sweep --dataset gsm8k" in text
