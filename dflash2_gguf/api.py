@@ -267,7 +267,8 @@ class DFlashDecoder:
             attention and repacking, so later runs start calibrated; a mapping
             ``{"verify_ms": [ms of a target pass over 1, 2, ... rows], "draft_ms": ms of a
             drafter pass}`` sets it and keeps it fixed; None leaves adaptation off. A measured
-            model updates online as cycles run.
+            model updates online as cycles run; with ``"auto"``, :meth:`close` saves it with the
+            policy's acceptance calibration and gate, which the next decoder restores.
         cache_ram_mib: Budget of the RAM prompt cache in MiB (llama-server's ``--cache-ram``; 0
             turns it off): prefixes (target KV + drafter state) saved before the live prompt
             cache is overwritten, restored when a later prompt shares more with one of them, so
@@ -368,10 +369,26 @@ class DFlashDecoder:
     # ------------------------------------------------------------------ lifetime
 
     def close(self) -> None:
-        """Free contexts, then models. Safe to call more than once."""
+        """Free contexts, then models. Safe to call more than once. With ``cost_model="auto"``
+        the cost model as updated online and what the adaptive policy learnt (the acceptance
+        calibration, the gate) go to ``<cache>/cost-models.json`` first, so that the next decoder
+        of the same files and settings starts where this one stopped."""
         eng, self._engine = getattr(self, "_engine", None), None
         if eng is not None:
-            eng.close()
+            try:
+                self._save_learnt(eng)
+            finally:
+                eng.close()
+
+    def _save_learnt(self, eng: Any) -> None:
+        if getattr(self, "_cost_mode", None) != "auto" or not eng.has_drafter or not eng.cost_model().valid:
+            return
+        c = eng.cost_model()
+        try:
+            _save_cost_model(self._cost_key, {"verify_ms": list(c.verify_ms), "draft_ms": c.draft_ms,
+                                              "policy": dict(eng.policy_state())})
+        except OSError:
+            pass  # a read-only cache costs the next run a measurement, nothing else
 
     def __enter__(self) -> "DFlashDecoder":
         return self
@@ -454,6 +471,13 @@ class DFlashDecoder:
         saved = _load_cost_models().get(self._cost_key)
         if saved and len(saved.get("verify_ms", [])) >= self.block_size:
             self._set_costs(saved, fixed=False)
+            pol = saved.get("policy")
+            if isinstance(pol, Mapping):
+                try:
+                    self.engine.set_policy_state([float(x) for x in pol["reached"]], [float(x) for x in pol["accepted"]],
+                                                 float(pol["gate_rate"]), int(pol["gate_interval"]))
+                except (KeyError, TypeError, ValueError):
+                    pass  # an older or damaged entry: the policy starts from its prior
         else:
             self.measure_cost_model()
 

@@ -2,6 +2,8 @@
 #include "draft_policy.h"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 namespace dflash2 {
 
@@ -58,6 +60,24 @@ void AcceptanceCalibration::observe(double c, bool accepted) {
     const int b = std::min(kBins - 1, (int) (c * kBins));
     reached_[b] += 1.0;
     if (accepted) accepted_[b] += 1.0;
+}
+
+void AcceptanceCalibration::set(const std::vector<double> & reached, const std::vector<double> & accepted) {
+    if ((int) reached.size() != kBins || (int) accepted.size() != kBins) {
+        throw std::invalid_argument("a calibration has " + std::to_string(kBins) + " bins of reached and accepted counts");
+    }
+    for (int b = 0; b < kBins; ++b) {
+        const double r = std::max(reached[b], 0.0), a = std::clamp(accepted[b], 0.0, r);
+        const double scale = r > kMaxRestored ? kMaxRestored / r : 1.0;
+        reached_[b] = r * scale;
+        accepted_[b] = a * scale;
+    }
+}
+
+void DraftGate::set(double rate, int interval) {
+    rate_ = rate > 0.0 ? rate : -1.0;
+    interval_ = std::clamp(interval, 4, kMaxInterval);
+    skipped_ = 0;
 }
 
 bool DraftGate::open(const CostModel & cost) const {

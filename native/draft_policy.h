@@ -49,6 +49,13 @@ class AcceptanceCalibration {
     void observe(double confidence, bool accepted);
     static constexpr int kBins = 10;
     static constexpr double kPrior = 4.0;
+    // The counts per bin (drafts reached / accepted), to keep them across processes; set()
+    // takes kBins of each (std::invalid_argument otherwise) and scales every bin down to at most
+    // kMaxRestored reached, so that a restored calibration still follows what it sees next.
+    std::vector<double> reached() const { return {reached_, reached_ + kBins}; }
+    std::vector<double> accepted() const { return {accepted_, accepted_ + kBins}; }
+    void set(const std::vector<double> & reached, const std::vector<double> & accepted);
+    static constexpr double kMaxRestored = 50.0;
   private:
     double reached_[kBins] = {0}, accepted_[kBins] = {0};
 };
@@ -65,6 +72,11 @@ class DraftGate {
     void observe_drafting(double rate);  // the chosen k's predicted rate, cycles that drafted
     void reset();
     static constexpr int kMaxInterval = 256;
+    // State kept across processes: the drafting rate EMA (tokens/ms, -1 = none) and the probe
+    // interval (clamped to 4..kMaxInterval); the skip count restarts at 0.
+    double rate() const { return rate_; }
+    int interval() const { return interval_; }
+    void set(double rate, int interval);
   private:
     double rate_ = -1.0;   // EMA of drafting cycles' predicted tokens/ms (-1: none yet)
     int skipped_ = 0, interval_ = 4;

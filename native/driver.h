@@ -149,6 +149,9 @@ class Engine {
     CostModel measure_costs(int reps);
     void set_cost_model(const CostModel & c) { cost_ = c; }
     const CostModel & cost_model() const { return cost_; }
+    // What the adaptive policy learnt (calibration counts, gate), to start a later process with.
+    AcceptanceCalibration & calibration() { return calib_; }
+    DraftGate & gate() { return gate_; }
     // Prompt cache: tokens the target holds now, and the RAM cache's entries / bytes.
     int n_cached_tokens() const { return n_past_; }
     const PromptCache * prompt_cache() const { return cache_.get(); }

@@ -192,6 +192,22 @@ NB_MODULE(_native, m) {
         .def("measure_costs", &dflash2::Engine::measure_costs, "reps"_a = 3, nb::call_guard<nb::gil_scoped_release>())
         .def("set_cost_model", &dflash2::Engine::set_cost_model, "cost"_a)
         .def("cost_model", &dflash2::Engine::cost_model)
+        .def("policy_state", [](dflash2::Engine & e) {
+            nb::dict d;
+            d["reached"] = e.calibration().reached();
+            d["accepted"] = e.calibration().accepted();
+            d["gate_rate"] = e.gate().rate();
+            d["gate_interval"] = e.gate().interval();
+            return d;
+        }, "The adaptive policy's learnt state: calibration counts per confidence bin (reached, "
+           "accepted), the gate's drafting rate (tokens/ms, -1 = none) and probe interval (cycles).")
+        .def("set_policy_state", [](dflash2::Engine & e, const std::vector<double> & reached,
+                                    const std::vector<double> & accepted, double gate_rate, int gate_interval) {
+            e.calibration().set(reached, accepted);
+            e.gate().set(gate_rate, gate_interval);
+        }, "reached"_a, "accepted"_a, "gate_rate"_a, "gate_interval"_a,
+        "Restore policy_state() (counts scaled down to at most 50 reached per bin; raises ValueError "
+        "unless 10 bins each).")
         .def("prompt_cache_info", [](const dflash2::Engine & e) {
             nb::dict d;
             const auto * c = e.prompt_cache();

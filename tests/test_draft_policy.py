@@ -187,3 +187,39 @@ def test_lossless_with_adaptation_varying_k(native_ext, tiny_llama, tiny_drafter
     print("p-values", pvals, "k chosen", sorted(ks))
     assert len(ks) >= 2, ks
     assert min(pvals) > 1e-3, pvals
+
+
+def test_learnt_policy_outlives_the_decoder(native_ext, smollm2_gguf, tmp_path, monkeypatch):
+    """cost_model="auto": close() saves the cost model with the acceptance calibration and the
+    gate next to it; the next decoder of the same files restores them, so a gate that had closed
+    stays closed from the first cycle (a fresh decoder runs the drafter on its first cycle)."""
+    import json
+    from pathlib import Path
+
+    from dflash2_gguf import DFlashDecoder, SamplingParams
+
+    monkeypatch.setenv("DFLASH2_GGUF_CACHE", str(tmp_path))
+    shipped = Path(__file__).resolve().parent.parent / "models" / "smollm2-135m-dflash2.gguf"
+    greedy = SamplingParams.greedy_params()
+    msgs = [{"role": "user", "content": "Describe the water cycle."}]
+    kw = dict(n_ctx=512, n_threads=2, flash_attn=True)
+    with DFlashDecoder(smollm2_gguf, shipped, **kw) as dec:
+        fresh = dec.generate(messages=msgs, max_tokens=24, sampling=greedy, cache_prompt=False)
+        reached = [0, 0, 0, 0, 0, 0, 0, 400, 10, 2]
+        accepted = [0, 0, 0, 0, 0, 0, 0, 100, 5, 2]
+        dec.engine.set_policy_state(reached, accepted, 1e-6, 256)  # a gate closed by earlier losses
+    assert fresh.stats.t_draft_s > 0  # no history: the drafter runs
+    saved = json.loads((tmp_path / "cost-models.json").read_text())
+    (entry,) = saved.values()
+    pol = entry["policy"]
+    assert len(entry["verify_ms"]) == 8 and entry["draft_ms"] > 0
+    assert pol["reached"][7] == 50.0 and pol["accepted"][7] == 12.5  # scaled to 50 reached, same ratio
+    assert pol["reached"][8:] == [10.0, 2.0] and pol["gate_rate"] == 1e-6 and pol["gate_interval"] == 256
+    with DFlashDecoder(smollm2_gguf, shipped, **kw) as dec:
+        warm = dec.generate(messages=msgs, max_tokens=24, sampling=greedy, cache_prompt=False)
+        off = dec.generate(messages=msgs, max_tokens=24, sampling=greedy, cache_prompt=False, use_drafter=False)
+        state = dec.engine.policy_state()
+    assert warm.tokens == off.tokens == fresh.tokens
+    # closed from the first cycle: the drafter never ran (the last cycle has nothing to draft)
+    assert warm.stats.t_draft_s == 0 and warm.stats.n_drafter_skipped == warm.stats.n_cycles - 1 > 0
+    assert state["gate_interval"] == 256 and state["reached"][7] == 50.0
