@@ -381,9 +381,11 @@ class DFlashDecoder:
                 eng.close()
 
     def _save_learnt(self, eng: Any) -> None:
-        if getattr(self, "_cost_mode", None) != "auto" or not eng.has_drafter or not eng.cost_model().valid:
+        if getattr(self, "_cost_mode", None) != "auto" or not eng.has_drafter:
             return
         c = eng.cost_model()
+        if len(c.verify_ms) < eng.block_size or any(x <= 0 for x in c.verify_ms):
+            return  # only what cycles observed (never measured or loaded): not a whole model
         try:
             _save_cost_model(self._cost_key, {"verify_ms": list(c.verify_ms), "draft_ms": c.draft_ms,
                                               "policy": dict(eng.policy_state())})
@@ -466,11 +468,17 @@ class DFlashDecoder:
         self.engine.set_cost_model(c)
 
     def _ensure_costs(self) -> None:
-        if self._cost_mode != "auto" or self.engine.cost_model().valid:
-            return
+        c = self.engine.cost_model()
+        if self._cost_mode != "auto" or (len(c.verify_ms) >= self.block_size and all(x > 0 for x in c.verify_ms)):
+            return  # set, or complete (a model observed by fixed-k cycles alone may have gaps)
         saved = _load_cost_models().get(self._cost_key)
-        if saved and len(saved.get("verify_ms", [])) >= self.block_size:
-            self._set_costs(saved, fixed=False)
+        try:
+            if not saved or len(saved.get("verify_ms", [])) < self.block_size:
+                raise ValueError("no saved cost model")
+            self._set_costs(saved, fixed=False)  # ValueError on a damaged entry: measured again
+        except (TypeError, ValueError):
+            self.measure_cost_model()
+        else:
             pol = saved.get("policy")
             if isinstance(pol, Mapping):
                 try:
@@ -478,8 +486,6 @@ class DFlashDecoder:
                                                  float(pol["gate_rate"]), int(pol["gate_interval"]))
                 except (KeyError, TypeError, ValueError):
                     pass  # an older or damaged entry: the policy starts from its prior
-        else:
-            self.measure_cost_model()
 
     # ------------------------------------------------------------------ text
 

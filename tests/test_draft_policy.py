@@ -223,3 +223,26 @@ def test_learnt_policy_outlives_the_decoder(native_ext, smollm2_gguf, tmp_path, 
     # closed from the first cycle: the drafter never ran (the last cycle has nothing to draft)
     assert warm.stats.t_draft_s == 0 and warm.stats.n_drafter_skipped == warm.stats.n_cycles - 1 > 0
     assert state["gate_interval"] == 256 and state["reached"][7] == 50.0
+
+
+def test_damaged_saved_cost_model_is_measured_again(native_ext, smollm2_gguf, smollm2_drafters, tmp_path,
+                                                    monkeypatch):
+    """A saved entry with unmeasured rows (0 ms) or of the wrong shape is not an error: the
+    decoder measures a whole model, and a fixed-k generation before the first adaptive one
+    (cycles observe some row counts only) does not stand in for a measurement."""
+    import json
+
+    from dflash2_gguf import DFlashDecoder, SamplingParams
+
+    monkeypatch.setenv("DFLASH2_GGUF_CACHE", str(tmp_path))
+    greedy = SamplingParams.greedy_params()
+    kw = dict(n_ctx=512, n_threads=1, flash_attn=True)
+    for bad in ({"verify_ms": [11.5, 0, 0, 0, 0, 0, 0, 72.0], "draft_ms": 15.0}, {"verify_ms": "x"}):
+        with DFlashDecoder(smollm2_gguf, smollm2_drafters[2], **kw) as dec:
+            (tmp_path / "cost-models.json").write_text(json.dumps({dec._cost_key: bad}))
+            dec.generate("Hello", max_tokens=6, sampling=greedy, adaptive=False, n_draft_max=3)
+            dec.generate("Hello", max_tokens=6, sampling=greedy)
+            cm = dec.cost_model
+        assert len(cm["verify_ms"]) == 8 and all(x > 0 for x in cm["verify_ms"]), cm
+    saved = json.loads((tmp_path / "cost-models.json").read_text())
+    assert all(x > 0 for x in next(iter(saved.values()))["verify_ms"])
