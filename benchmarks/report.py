@@ -108,7 +108,8 @@ def sweep_table(sweeps: list[dict]) -> str:
     included, and its ratio to the best fixed k."""
     n_fixed = max(len(r["rows"]) - 2 for r in sweeps)
     cols = (["prompt set", "T", "requests", "target alone tok/s"] + [f"k={k}" for k in range(1, n_fixed + 1)]
-            + ["adaptive", "adaptive, prefill incl.", "adaptive / best fixed k", "adaptive tau", "T=0 identical"])
+            + ["adaptive", "adaptive, prefill incl.", "adaptive / best fixed k", "adaptive tau",
+               "T=0 requests departing: adaptive / most of a fixed k"])
     rows = []
     for r in sweeps:
         c, rr = r["config"], r["rows"]
@@ -117,8 +118,17 @@ def sweep_table(sweeps: list[dict]) -> str:
         rows.append([c["dataset"], f"{c['temperature']:g}", str(c["n_prompts"]), _f(rr[0]["tokens_per_second"], 1)]
                     + fixed + [f"**{ad['ratio_vs_alone']:.3f}**", _f(ad.get("overall_ratio_vs_alone"), 3),
                                _f(r["adaptive_vs_best_fixed"], 3), _f(ad["acceptance_length"], 2),
-                               ("yes" if r["identical"] else "NO") if c["temperature"] == 0 else "-"])
+                               _departures(r)])
     return _md_table(cols, rows)
+
+
+def _departures(r: dict) -> str:
+    if r["config"]["temperature"] != 0:
+        return "-"
+    rr = r["rows"]
+    if "departed" not in rr[-1]:  # a sweep from before the count: only whether all were equal
+        return "0 / 0" if r["identical"] else "some"
+    return f"{rr[-1]['departed']} / {max(x['departed'] for x in rr[1:-1])}"
 
 
 def sweep_section(sweeps: list[dict], commands: str) -> str:

@@ -186,9 +186,13 @@ def run_sweep(
 
     Returns:
         ``{"config": ..., "cost_model": {...}, "rows": [{"name", "tokens", "seconds",
-        "tokens_per_second", "acceptance_length", "ratio_vs_alone"}, ...],
-        "adaptive_vs_best_fixed": float, "adaptive_vs_alone": float, "identical": bool}``;
-        ``identical`` (T = 0): every configuration gave the target-alone tokens.
+        "tokens_per_second", "acceptance_length", "ratio_vs_alone", "overall_tokens_per_second",
+        "overall_ratio_vs_alone", "departed"}, ...], "adaptive_vs_best_fixed": float,
+        "adaptive_vs_alone": float, "identical": bool}``; tokens / seconds / tokens_per_second:
+        the decode phase (after the first token); ``overall_*``: every token over the whole
+        request, prefill included; ``departed`` (T = 0): requests whose tokens are not the target
+        alone's (README, "Exactness at T = 0": a batched verify row and a one-token decode can
+        part past 256 cells); ``identical`` (T = 0): no request departed in any configuration.
     """
     from .api import DFlashDecoder
     from .sampling import SamplingParams
@@ -205,6 +209,7 @@ def run_sweep(
         dec.generate(messages=[{"role": "user", "content": prompts[0]}], max_tokens=8)  # warm-up + cost model
         # per configuration: decode tokens, decode seconds, committed in cycles, cycles, all tokens, all seconds
         acc = {name: [0, 0.0, 0, 0, 0, 0.0] for name, _ in configs}
+        departed = {name: 0 for name, _ in configs}
         identical = True
         bar = None
         if progress:
@@ -231,6 +236,8 @@ def run_sweep(
                 tokens[name] = r.tokens
                 if bar is not None:
                     bar.update(1)
+            for name, t in tokens.items():  # T = 0: requests whose tokens part from the target alone's
+                departed[name] += temperature == 0 and t != tokens[configs[0][0]]
             identical &= temperature > 0 or all(t == tokens[configs[0][0]] for t in tokens.values())
         if bar is not None:
             bar.close()
@@ -240,7 +247,8 @@ def run_sweep(
         tok, sec, com, cyc, tok_all, sec_all = acc[name]
         rows.append(dict(name=name, tokens=tok, seconds=sec, tokens_per_second=tok / sec if sec else 0.0,
                          acceptance_length=com / cyc if cyc else 0.0,
-                         overall_tokens_per_second=tok_all / sec_all if sec_all else 0.0))
+                         overall_tokens_per_second=tok_all / sec_all if sec_all else 0.0,
+                         departed=departed[name]))
     alone, alone_all = rows[0]["tokens_per_second"], rows[0]["overall_tokens_per_second"]
     for r in rows:
         r["ratio_vs_alone"] = r["tokens_per_second"] / alone if alone else 0.0
