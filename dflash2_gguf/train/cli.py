@@ -15,7 +15,8 @@ Two steps, each resumable on its own::
 
     # 3. GGUF: python -m convert hf-to-gguf run1/hf --target SmolLM2-135M-Instruct.Q4_1.gguf
 
-``--prompts`` is a prompt set of :mod:`dflash2_gguf.prompt_sets` (the one table ``bench`` uses:
+``--prompts`` is ``mix`` (:mod:`dflash2_gguf.train.prompt_mix`, disjoint from every benchmark set),
+a prompt set of :mod:`dflash2_gguf.prompt_sets` (the one table ``bench`` uses:
 gsm8k-train, gsm8k, math500, humaneval, mbpp, mt-bench; asset names such as gsm8k-test work too),
 a ``.jsonl`` file (field turns / prompt / question / problem / text / instruction) or a text file
 with one prompt per line; each picked row gives its first user turn, the authors' template applied
@@ -35,7 +36,8 @@ __all__ = ["main", "load_prompts"]
 
 
 def load_prompts(spec: str, limit: int | None = None, seed: int = 42) -> list[str]:
-    """Training prompts: the first user turn of the rows of prompt set ``spec`` (a name of
+    """Training prompts: ``"mix"`` (:mod:`dflash2_gguf.train.prompt_mix`: prompt families disjoint
+    from every benchmark set), or the first user turn of the rows of prompt set ``spec`` (a name of
     :data:`dflash2_gguf.prompt_sets.DATASETS`, an asset name such as ``gsm8k-test``, a ``.jsonl``
     file or a text file with one prompt per line), with the authors' templates, picked as the
     benchmark picks them (``random.Random(seed).shuffle``) and cut to ``limit`` (None or 0: all).
@@ -45,6 +47,11 @@ def load_prompts(spec: str, limit: int | None = None, seed: int = 42) -> list[st
     """
     from ..prompt_sets import first_turns
 
+    if spec == "mix":
+        from .prompt_mix import prompt_mix
+
+        texts = [p for _, p in prompt_mix(seed=seed)]
+        return texts[:limit] if limit else texts
     try:
         return first_turns(spec, limit or None, seed=seed)
     except ValueError as e:
@@ -150,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("capture", help="generate with the target and store its hidden states")
     common(c)
-    c.add_argument("--prompts", default="gsm8k-train")
+    c.add_argument("--prompts", default="gsm8k-train",
+                   help="mix (train/prompt_mix.py: disjoint from every benchmark set), a prompt set name or a file")
     c.add_argument("--limit", type=int, default=None)
     c.add_argument("--max-new-tokens", type=int, default=512)
     c.add_argument("--seqs-per-shard", type=int, default=1000)
