@@ -248,8 +248,8 @@ def generate_capture_shards(target_gguf: str | Path, prompts: Sequence[str], out
                 need.append(i)
         ptoks = {i: gen.chat_prompt_ids(prompts[i]) for i in need}
         rows: dict[int, tuple] = {}
-        t_start = t_last = time.perf_counter()
-        new_last = new_all = 0
+        t_start = time.perf_counter()
+        n_new = 0
         with open(out / "responses.jsonl", "a", encoding="utf-8") as rf:
             for seq in gen.generate([ptoks[i] for i in need], max_new_tokens, keys=need):
                 i = seq.key
@@ -257,7 +257,7 @@ def generate_capture_shards(target_gguf: str | Path, prompts: Sequence[str], out
                                      "stop_reason": seq.stop_reason}) + "\n")
                 rf.flush()
                 rows[i] = (seq.prompt + seq.response, seq.features, len(seq.prompt))
-                new_last += len(seq.response)
+                n_new += len(seq.response)
                 if bar is not None:
                     bar.update(1)
                 k = shard_of[i]
@@ -266,12 +266,9 @@ def generate_capture_shards(target_gguf: str | Path, prompts: Sequence[str], out
                     continue
                 lo, hi = k * seqs_per_shard, min(len(prompts), (k + 1) * seqs_per_shard)
                 write_shard(paths[k], [rows.pop(j) for j in range(lo, hi)], meta)
-                now = time.perf_counter()
-                new_all += new_last
-                _log(f"shard {k}: {hi - lo} sequences -> {paths[k].name}; {new_last / (now - t_last):.1f} new "
-                     f"tok/s since the last shard, {new_all / (now - t_start):.1f} overall "
-                     f"({n_parallel} parallel, capture {gen.capture_path})")
-                t_last, new_last = now, 0
+                dt = time.perf_counter() - t_start
+                _log(f"shard {k}: {hi - lo} sequences -> {paths[k].name}; {n_new} new tokens in {dt:.0f} s "
+                     f"= {n_new / dt:.1f} new tok/s ({n_parallel} parallel, capture {gen.capture_path})")
     if bar is not None:
         bar.close()
     return paths
