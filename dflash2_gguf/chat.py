@@ -393,7 +393,7 @@ def renderer_for(decoder: Any, template: Optional[str] = None) -> ChatRenderer:
 
 def renderer_for_llama_model(model: Any, source: str = "the target GGUF") -> ChatRenderer:
     """The :class:`ChatRenderer` of a model loaded with llama-cpp-python's low-level API (a
-    ``llama_model_p``; training capture uses these): the template(s) from
+    ``llama_model_p``; :meth:`ChatRenderer.from_gguf` loads one, vocabulary only): the template(s) from
     ``llama_model_chat_template``, bos/eos from ``llama_vocab_bos/eos`` rendered with
     ``llama_token_to_piece(special=True)``, ``llama_vocab_get_add_bos/eos`` -- the same calls
     llama-server's ``common_chat_templates_init`` makes."""

@@ -619,21 +619,7 @@ std::vector<int32_t> Engine::generate(const std::vector<int32_t> & prompt, const
 
 std::vector<int32_t> Engine::tokenize(const std::string & text, bool add_special, bool parse_special) const {
     require_open();
-    const llama_vocab * v = llama_model_get_vocab(model_tgt_);
-    std::vector<int32_t> out(text.size() + 8);
-    int n;
-    try {  // libllama throws std::out_of_range for vocabularies without byte-fallback tokens
-        n = llama_tokenize(v, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(), add_special, parse_special);
-        if (n < 0) {
-            out.resize(-n);
-            n = llama_tokenize(v, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(), add_special, parse_special);
-        }
-    } catch (const std::exception & e) {
-        throw std::invalid_argument(std::string("the target's tokenizer cannot encode this text: ") + e.what());
-    }
-    if (n < 0) throw Error(kErrInternal, "llama_tokenize failed");
-    out.resize(n);
-    return out;
+    return tokenize_text(model_tgt_, text, add_special, parse_special);
 }
 
 std::string Engine::detokenize(const std::vector<int32_t> & tokens, bool special) const {

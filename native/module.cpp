@@ -10,6 +10,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include "capture_batch.h"
 #include "driver.h"
 
 #include <atomic>
@@ -18,6 +19,17 @@
 
 namespace nb = nanobind;
 using namespace nb::literals;
+
+// IEEE float16 bits, exposed to numpy as float16 (nanobind's dtype_traits customisation point).
+struct Float16 {
+    uint16_t bits;
+};
+namespace nanobind::detail {
+template <> struct dtype_traits<Float16> {
+    static constexpr dlpack::dtype value{(uint8_t) dlpack::dtype_code::Float, 16, 1};
+    static constexpr auto name = const_name("float16");
+};
+}  // namespace nanobind::detail
 
 namespace {
 
@@ -73,6 +85,15 @@ nb::dict stats_dict(const dflash2::Stats & s) {
     d["predicted_ms"] = s.predicted_ms;
     d["measured_ms"] = s.measured_ms;
     return d;
+}
+
+// (key, prompt ids, response ids, features float16 [n_prompt + n_response, width], stop_reason)
+nb::tuple captured_tuple(dflash2::CapturedSequence && c, size_t width) {
+    const size_t n = c.prompt.size() + c.response.size();
+    auto * heap = new std::vector<uint16_t>(std::move(c.features));
+    nb::capsule owner(heap, [](void * p) noexcept { delete static_cast<std::vector<uint16_t> *>(p); });
+    nb::ndarray<nb::numpy, Float16> feats(reinterpret_cast<Float16 *>(heap->data()), {n, width}, owner);
+    return nb::make_tuple(c.key, c.prompt, c.response, feats, c.stop_reason);
 }
 
 // (tokens, from_draft, done, logprobs); logprobs: per token (logprob, [(id, logprob), ...]) or
@@ -173,6 +194,57 @@ NB_MODULE(_native, m) {
     }, "cost"_a, "accept"_a, "k_max"_a, "draft_ms"_a = 0.0,
     "(k, tokens per ms): the k in 0..k_max maximising E(k) / (verify_ms[k] + draft_ms if k > 0), "
     "E(k) = 1 + sum_i prod_{j<=i} accept[j] (native/draft_policy.h).");
+
+    nb::class_<dflash2::BatchCaptureOptions>(m, "BatchCaptureOptions")
+        .def(nb::init<>())
+        .def_rw("target_path", &dflash2::BatchCaptureOptions::target_path)
+        .def_rw("target_layer_ids", &dflash2::BatchCaptureOptions::target_layer_ids)
+        .def_rw("n_parallel", &dflash2::BatchCaptureOptions::n_parallel)
+        .def_rw("n_ctx_seq", &dflash2::BatchCaptureOptions::n_ctx_seq)
+        .def_rw("n_batch", &dflash2::BatchCaptureOptions::n_batch)
+        .def_rw("n_ubatch", &dflash2::BatchCaptureOptions::n_ubatch)
+        .def_rw("n_threads", &dflash2::BatchCaptureOptions::n_threads)
+        .def_rw("n_gpu_layers", &dflash2::BatchCaptureOptions::n_gpu_layers)
+        .def_rw("flash_attn", &dflash2::BatchCaptureOptions::flash_attn)
+        .def_rw("repack", &dflash2::BatchCaptureOptions::repack)
+        .def_rw("capture", &dflash2::BatchCaptureOptions::capture);
+
+    nb::class_<dflash2::BatchCapture>(m, "BatchCapture")
+        .def(nb::init<const dflash2::BatchCaptureOptions &>(), "options"_a, nb::call_guard<nb::gil_scoped_release>())
+        .def("close", &dflash2::BatchCapture::close, nb::call_guard<nb::gil_scoped_release>())
+        .def_prop_ro("closed", &dflash2::BatchCapture::closed)
+        .def_prop_ro("n_vocab", &dflash2::BatchCapture::n_vocab)
+        .def_prop_ro("n_embd", &dflash2::BatchCapture::n_embd)
+        .def_prop_ro("n_layer", &dflash2::BatchCapture::n_layer)
+        .def_prop_ro("n_parallel", &dflash2::BatchCapture::n_parallel)
+        .def_prop_ro("n_ctx_seq", &dflash2::BatchCapture::n_ctx_seq)
+        .def_prop_ro("width", &dflash2::BatchCapture::width)
+        .def_prop_ro("capture_path", &dflash2::BatchCapture::capture_path)
+        .def_prop_ro("target_layer_ids", &dflash2::BatchCapture::target_layer_ids)
+        .def("submit", &dflash2::BatchCapture::submit, "key"_a, "prompt"_a, "max_new_tokens"_a)
+        .def("step", [](dflash2::BatchCapture & c) {
+            std::vector<dflash2::CapturedSequence> done;
+            { nb::gil_scoped_release r; done = c.step(); }
+            nb::list out;
+            for (auto & s : done) out.append(captured_tuple(std::move(s), (size_t) c.width()));
+            return out;
+        }, "One llama_decode; the sequences finished in it as (key, prompt, response, features "
+           "float16 [n_prompt + n_response, width], stop_reason) (native/capture_batch.h).")
+        .def_prop_ro("idle", &dflash2::BatchCapture::idle)
+        .def("clear", &dflash2::BatchCapture::clear)
+        .def("stats", [](const dflash2::BatchCapture & c) {
+            const auto & s = c.stats();
+            nb::dict d;
+            d["n_prompt"] = s.n_prompt;
+            d["n_generated"] = s.n_generated;
+            d["n_decode"] = s.n_decode;
+            d["t_decode_ms"] = s.t_decode_ms;
+            d["t_total_ms"] = s.t_total_ms;
+            return d;
+        })
+        .def("reset_stats", &dflash2::BatchCapture::reset_stats)
+        .def("tokenize", &dflash2::BatchCapture::tokenize, "text"_a, "add_special"_a, "parse_special"_a)
+        .def("is_eog", &dflash2::BatchCapture::is_eog);
 
     nb::class_<dflash2::Engine>(m, "Engine")
         .def(nb::init<const dflash2::EngineOptions &>(), "options"_a, nb::call_guard<nb::gil_scoped_release>())

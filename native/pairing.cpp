@@ -27,6 +27,24 @@ std::string meta_str(const llama_model * m, const char * key) {
     return n < 0 ? std::string() : std::string(buf);
 }
 
+std::vector<int32_t> tokenize_text(const llama_model * m, const std::string & text, bool add_special, bool parse_special) {
+    const llama_vocab * v = llama_model_get_vocab(m);
+    std::vector<int32_t> out(text.size() + 8);
+    int n;
+    try {  // libllama throws std::out_of_range for vocabularies without byte-fallback tokens
+        n = llama_tokenize(v, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(), add_special, parse_special);
+        if (n < 0) {
+            out.resize(-n);
+            n = llama_tokenize(v, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(), add_special, parse_special);
+        }
+    } catch (const std::exception & e) {
+        throw std::invalid_argument(std::string("the target's tokenizer cannot encode this text: ") + e.what());
+    }
+    if (n < 0) throw Error(kErrInternal, "llama_tokenize failed");
+    out.resize(n);
+    return out;
+}
+
 namespace {
 
 int64_t gguf_int(const gguf_context * g, const char * key, int64_t dflt) {

@@ -27,6 +27,12 @@ const std::set<std::string> & layer_inp_archs();
 // A string metadata value of a loaded model ("" when absent).
 std::string meta_str(const llama_model * m, const char * key);
 
+// Token ids of `text` in the model's vocabulary (llama_tokenize, two-call pattern). Throws
+// std::invalid_argument when the tokenizer cannot encode the text (libllama throws
+// std::out_of_range for vocabularies without byte-fallback tokens), Error(kErrInternal) when
+// llama_tokenize fails.
+std::vector<int32_t> tokenize_text(const llama_model * m, const std::string & text, bool add_special, bool parse_special);
+
 // Checks drafter against target: dflash arch, not a recurrent/hybrid target, vocabulary, hidden
 // size, target layer ids inside the target's usable layers, DFlash 2 width (the lattice needs
 // hidden >= top_k * (top_k + 1)), block size. Returns the capture path ("layer_inp" or

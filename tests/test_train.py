@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dflash2_gguf.train import objective as O  # noqa: E402
-from dflash2_gguf.train.data import FeatureShards, ShardMeta, capture_target_features, write_shard  # noqa: E402
+from dflash2_gguf.train.data import FeatureShards, ShardMeta, write_shard  # noqa: E402
 from dflash2_gguf.train.export import export_hf, load_hf  # noqa: E402
 from dflash2_gguf.train.loop import TrainConfig, lr_lambda, train  # noqa: E402
 from dflash2_gguf.train.model import (  # noqa: E402
@@ -352,41 +352,6 @@ def test_lr_schedule():
     assert f(10) == pytest.approx(1.0) and f(60) == pytest.approx(0.55) and f(110) == pytest.approx(0.1)
 
 
-def test_capture_target_features_from_real_gguf(tmp_path, smollm2_gguf, smollm2_reader, smollm2_weights):
-    """cb_eval capture of l_out-{k}: shards readable; the last layer's features, through the
-    target's output norm and tied head, give back llama.cpp's own logits."""
-    pytest.importorskip("llama_cpp")
-    from dflash2_gguf.train.capture import LlamaFeatureCapture
-
-    paths = capture_target_features(smollm2_gguf, ["What is 2+3?", "Name a colour."], tmp_path,
-                                    [1, 14, 29], max_new_tokens=6, seqs_per_shard=1, n_ctx=256,
-                                    n_batch=64, n_threads=2, progress=False)
-    assert len(paths) == 2
-    more = capture_target_features(smollm2_gguf, ["What is 2+3?", "Name a colour.", "Say hi."],
-                                   tmp_path, [1, 14, 29], max_new_tokens=4, seqs_per_shard=1,
-                                   n_ctx=256, n_batch=64, n_threads=2, progress=False, resume=True)
-    assert more[:2] == paths and len(more) == 3  # only the third prompt was run
-    data = FeatureShards(paths)
-    assert data.meta.target_layer_ids == (1, 14, 29) and data.meta.hidden_size == 576
-    assert data.meta.vocab_size == 49152
-    si, start, n, plen = data.index[0]
-    assert n - plen >= 2 and plen > 5
-    with LlamaFeatureCapture(smollm2_gguf, [29], n_ctx=256, n_batch=64, n_threads=2) as cap:
-        toks = data._tokens[si][start:start + n].tolist()
-        feats, logits = cap.run(toks)
-        # generation-time features (one-token decodes) == one batched pass: bit for bit on the
-        # 2-core dev CPU; other CPUs may pick other Q4_1 kernels for 1-row vs batched matmuls.
-        stored = data._features[si][start:start + n][:, 2 * 576:].float().numpy()
-        assert np.abs(stored - feats).max() <= 1e-2 * np.abs(feats).max()
-    w = next(t for t in smollm2_reader.tensors if t.name == "output_norm.weight").data
-    eps = 1e-5
-    hn = feats / np.sqrt((feats.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps) * w
-    mine = hn @ smollm2_weights.embed.T
-    # llama.cpp's head runs Q8_0 x Q8 activations: about 1% of the logit range.
-    assert np.abs(mine - logits).max() < 0.03 * np.abs(logits).max()
-    assert (mine.argmax(-1) == logits.argmax(-1)).mean() >= 0.8
-
-
 def test_config_for_target_and_cli_helpers(tmp_path, smollm2_reader):
     from dflash2_gguf.train.cli import build_parser, load_prompts
     from dflash2_gguf.train.target_weights import read_target_info
@@ -432,3 +397,35 @@ def test_greedy_acceptance_equals_single_block_drafts():
             want.append(int(ok) + 1)
     assert taus.tolist() == want
     assert want[1] >= 3 and want[3] >= 3
+
+
+def test_restricted_vocab_loss_equals_full_when_vocab_is_everything():
+    """``dflash2_loss(vocab=...)``: with every id it is the full objective; with a subset the
+    logits are the matching columns and labels outside the subset are not counted in the CE."""
+    import torch
+
+    from dflash2_gguf.train import objective as O
+    from dflash2_gguf.train.model import DFlash2Config, DFlash2Drafter
+
+    V, H = 300, 64
+    cfg = DFlash2Config(hidden_size=H, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, vocab_size=V, num_target_layers=8,
+                        target_layer_ids=(1, 3), mask_token_id=V - 1, block_size=4, selector_rank=8,
+                        selector_top_k=5)
+    torch.manual_seed(0)
+    m = DFlash2Drafter(cfg)
+    m.set_target_weights(torch.randn(V, H) * 0.5)
+    b, n = 2, 40
+    tokens = torch.randint(0, 50, (b, n))
+    batch = O.Batch(tokens, torch.randn(b, n, 2 * H), torch.arange(n).repeat(b, 1),
+                    torch.tensor([n, n - 5]), torch.tensor([5, 8]))
+    anchors = O.sample_anchors(batch.lengths, batch.anchor_min, 6, torch.Generator().manual_seed(1))
+    full = O.dflash2_loss(m, batch, 6, anchors=anchors)
+    every = O.dflash2_loss(m, batch, 6, anchors=anchors, vocab=torch.arange(V))
+    assert torch.allclose(full.loss, every.loss, atol=1e-6)
+    assert torch.equal(full.correct, every.correct) and torch.equal(full.count, every.count)
+    assert torch.equal(full.selector_correct, every.selector_correct)
+    sub = O.dflash2_loss(m, batch, 6, anchors=anchors, vocab=torch.arange(50))  # all labels inside
+    assert torch.isfinite(sub.loss) and sub.ce <= full.ce  # fewer competitors, lower CE
+    sub.loss.backward()
+    assert m.candidate_selector.successor_codebook.grad[50:].abs().sum() == 0

@@ -3,7 +3,7 @@
 Two steps, each resumable on its own::
 
     # 1. target-generated data: greedy responses to GSM8K-train prompts + hidden states
-    #    (--batch-size 16: 16 sequences per llama_decode, features captured in the same pass)
+    #    (16 sequences per llama_decode, features captured in the same pass by the native engine)
     python -m dflash2_gguf.train capture --target SmolLM2-135M-Instruct.Q4_1.gguf \\
         --prompts gsm8k-train --limit 2000 --max-new-tokens 256 --out feats/ \\
         --batch-size 16 --seqs-per-shard 128 --n-ctx 1024 --resume
@@ -15,7 +15,8 @@ Two steps, each resumable on its own::
 
     # 3. GGUF: python -m convert hf-to-gguf run1/hf --target SmolLM2-135M-Instruct.Q4_1.gguf
 
-``--prompts`` is a prompt set of :mod:`dflash2_gguf.prompt_sets` (the one table ``bench`` uses:
+``--prompts`` is ``mix`` (:mod:`dflash2_gguf.train.prompt_mix`, disjoint from every benchmark set),
+a prompt set of :mod:`dflash2_gguf.prompt_sets` (the one table ``bench`` uses:
 gsm8k-train, gsm8k, math500, humaneval, mbpp, mt-bench; asset names such as gsm8k-test work too),
 a ``.jsonl`` file (field turns / prompt / question / problem / text / instruction) or a text file
 with one prompt per line; each picked row gives its first user turn, the authors' template applied
@@ -35,7 +36,8 @@ __all__ = ["main", "load_prompts"]
 
 
 def load_prompts(spec: str, limit: int | None = None, seed: int = 42) -> list[str]:
-    """Training prompts: the first user turn of the rows of prompt set ``spec`` (a name of
+    """Training prompts: ``"mix"`` (:mod:`dflash2_gguf.train.prompt_mix`: prompt families disjoint
+    from every benchmark set), or the first user turn of the rows of prompt set ``spec`` (a name of
     :data:`dflash2_gguf.prompt_sets.DATASETS`, an asset name such as ``gsm8k-test``, a ``.jsonl``
     file or a text file with one prompt per line), with the authors' templates, picked as the
     benchmark picks them (``random.Random(seed).shuffle``) and cut to ``limit`` (None or 0: all).
@@ -45,6 +47,11 @@ def load_prompts(spec: str, limit: int | None = None, seed: int = 42) -> list[st
     """
     from ..prompt_sets import first_turns
 
+    if spec == "mix":
+        from .prompt_mix import prompt_mix
+
+        texts = [p for _, p in prompt_mix(seed=seed)]
+        return texts[:limit] if limit else texts
     try:
         return first_turns(spec, limit or None, seed=seed)
     except ValueError as e:
@@ -68,42 +75,24 @@ def _target_info(path: str):
 
 
 def cmd_capture(args) -> int:
-    from .data import capture_target_features
+    from .generate import generate_capture_shards
 
     info = _target_info(args.target)
     ids = _layer_ids(args, info.n_layers)
     prompts = load_prompts(args.prompts, args.limit, args.seed)
     out = Path(args.out)
-    if args.batch_size > 1:
-        from .generate import generate_capture_shards
-
-        if args.force and not args.resume:
-            for old in list(out.glob("shard-*.safetensors")) + list(out.glob("responses.jsonl")):
-                old.unlink()
-        elif out.exists() and any(out.glob("shard-*.safetensors")) and not args.resume:
-            raise SystemExit(f"{out} already holds shards (use --resume to continue, --force to overwrite)")
-        paths = generate_capture_shards(
-            args.target, prompts, out, ids, max_new_tokens=args.max_new_tokens,
-            seqs_per_shard=args.seqs_per_shard, n_parallel=args.batch_size,
-            n_ctx_seq=args.n_ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
-            mode=args.capture_mode,
-            source=f"prompts={args.prompts} limit={args.limit} seed={args.seed} greedy batched "
-                   f"({args.batch_size} parallel) max_new_tokens={args.max_new_tokens} "
-                   f"capture={args.capture_mode}")
-        print(f"{len(paths)} shard(s) in {out} (target layers {ids})")
-        return 0
-    if out.exists() and any(out.glob("shard-*.safetensors")) and not (args.force or args.resume):
-        raise SystemExit(f"{out} already holds shards (use --resume to continue, --force to overwrite)")
     if args.force and not args.resume:
-        for old in out.glob("shard-*.safetensors"):
+        for old in list(out.glob("shard-*.safetensors")) + list(out.glob("responses.jsonl")):
             old.unlink()
-    paths = capture_target_features(args.target, prompts, out, ids, max_new_tokens=args.max_new_tokens,
-                                    seqs_per_shard=args.seqs_per_shard, n_ctx=args.n_ctx,
-                                    n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
-                                    resume=args.resume,
-                                    source=f"prompts={args.prompts} limit={args.limit} greedy "
-                                           f"max_new_tokens={args.max_new_tokens}")
-    print(f"wrote {len(paths)} shard(s) to {out} (target layers {ids})")
+    elif out.exists() and any(out.glob("shard-*.safetensors")) and not args.resume:
+        raise SystemExit(f"{out} already holds shards (use --resume to continue, --force to overwrite)")
+    paths = generate_capture_shards(
+        args.target, prompts, out, ids, max_new_tokens=args.max_new_tokens,
+        seqs_per_shard=args.seqs_per_shard, n_parallel=args.batch_size, n_ctx_seq=args.n_ctx,
+        n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, capture=args.capture,
+        source=f"prompts={args.prompts} limit={args.limit} seed={args.seed} greedy batched "
+               f"({args.batch_size} parallel) max_new_tokens={args.max_new_tokens}")
+    print(f"{len(paths)} shard(s) in {out} (target layers {ids})")
     return 0
 
 
@@ -168,25 +157,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("capture", help="generate with the target and store its hidden states")
     common(c)
-    c.add_argument("--prompts", default="gsm8k-train")
+    c.add_argument("--prompts", default="gsm8k-train",
+                   help="mix (train/prompt_mix.py: disjoint from every benchmark set), a prompt set name or a file")
     c.add_argument("--limit", type=int, default=None)
     c.add_argument("--max-new-tokens", type=int, default=512)
     c.add_argument("--seqs-per-shard", type=int, default=1000)
     c.add_argument("--n-ctx", type=int, default=4096,
                    help="context per sequence (prompt + response must fit)")
-    c.add_argument("--batch-size", type=int, default=1,
-                   help="sequences decoded together per llama_decode (> 1: the batched path of "
-                        "dflash2_gguf.train.generate; shard k then holds prompts "
-                        "k*seqs_per_shard.., and --resume keeps finished shards)")
-    c.add_argument("--capture-mode", choices=["inline", "prefill"], default="inline",
-                   help="with --batch-size > 1: features from the generation decodes themselves "
-                        "(inline, one pass) or from one teacher-forced prefill per sequence")
+    c.add_argument("--batch-size", type=int, default=16,
+                   help="sequences decoded together per llama_decode (continuous batching)")
+    c.add_argument("--capture", choices=["auto", "layer_inp", "cb_eval"], default="auto",
+                   help="how the target features are read: llama.cpp's layer-input recording "
+                        "(auto: where the architecture has it) or the cb_eval callback")
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("--n-gpu-layers", type=int, default=0)
     c.add_argument("--out", required=True)
     c.add_argument("--force", action="store_true", help="delete existing shards first")
     c.add_argument("--resume", action="store_true",
-                   help="keep existing shards and skip the prompts they cover (same --prompts/--seed)")
+                   help="keep existing shards, make the missing ones (same --prompts/--seed/--seqs-per-shard)")
     c.set_defaults(func=cmd_capture)
 
     f = sub.add_parser("fit", help="train a DFlash 2 drafter on feature shards")

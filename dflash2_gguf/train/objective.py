@@ -236,7 +236,7 @@ def greedy_acceptance(model: DFlash2Drafter, batch: Batch, n_anchors: int,
     """Acceptance length (tau, bonus included) of greedy drafting at random anchors.
 
     For sequences whose responses are the target's GREEDY output (what
-    :func:`~dflash2_gguf.train.data.capture_target_features` stores), this is exactly what
+    :func:`~dflash2_gguf.train.generate.generate_capture_shards` stores), this is exactly what
     speculative decoding at T=0 would commit per target pass from that anchor: the selector's
     greedy walk (first predecessor = the anchor) is compared with the true next tokens, and
     ``tau = 1 + number of leading matches``. Only anchors with a full block of labels are drawn.

@@ -1,0 +1,74 @@
+"""The training prompt mix (:mod:`dflash2_gguf.train.prompt_mix`) never holds a benchmark prompt."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def bench():
+    from dflash2_gguf.train.prompt_mix import benchmark_texts
+
+    return benchmark_texts()
+
+
+def test_mix_is_disjoint_from_every_benchmark_set(bench):
+    """All of GSM8K-train, MBPP's train + validation tasks and the ShareGPT first turns, none of
+    GSM8K test, MATH-500,
+    HumanEval, MBPP's test tasks or MT-Bench (3 MBPP train tasks repeat a test task's text and
+    are dropped)."""
+    from dflash2_gguf.train.prompt_mix import benchmark_overlap, prompt_mix
+
+    mix = prompt_mix()
+    assert benchmark_overlap([p for _, p in mix], bench) == []
+    counts = collections.Counter(f for f, _ in mix)
+    assert counts["math"] == 7473 and 455 <= counts["code"] <= 464, counts
+    assert 9000 <= counts["chat"] <= 9500, counts  # ShareGPT first turns, filtered and deduplicated
+    assert len({p for _, p in mix}) >= len(mix) - 5  # the families do not repeat each other
+    assert mix == prompt_mix()  # seeded order
+    assert collections.Counter(f for f, _ in mix[:1000])["code"] > 20  # shuffled together
+
+
+def test_overlap_check_finds_benchmark_prompts(bench):
+    """Negative control: a row of each benchmark set, as the benchmark renders it or raw, is found."""
+    from dflash2_gguf.prompt_sets import format_turns, load_rows
+    from dflash2_gguf.train.prompt_mix import MBPP_TEST_TASK_IDS, benchmark_overlap, family_prompts
+
+    found = []
+    for name in ("gsm8k", "math500", "humaneval", "mt-bench"):
+        row = load_rows(name)[3]
+        found.append(format_turns(name, row)[0])
+    test_task = next(r for r in load_rows("mbpp") if r["task_id"] == MBPP_TEST_TASK_IDS[5])
+    found += [test_task["text"], "  " + load_rows("gsm8k")[7]["question"].upper() + "\n"]
+    assert benchmark_overlap(found, bench) == found
+    code = set(family_prompts("code"))
+    assert test_task["text"] not in code
+
+
+
+def test_sharegpt_first_turns_reads_a_cut_file(tmp_path):
+    """The asset is the head of a larger JSON list, cut inside a record: every complete record is
+    read, a record that opens with the assistant has no first user turn, the cut one is dropped."""
+    import json
+
+    from dflash2_gguf.train.prompt_mix import sharegpt_first_turns
+
+    recs = [{"id": "a_0", "conversations": [{"from": "human", "value": "Plan a trip, please."},
+                                            {"from": "gpt", "value": "Sure."}]},
+            {"id": "a_1", "conversations": [{"from": "gpt", "value": "(continued)"}]},
+            {"id": "b_0", "conversations": [{"from": "human", "value": "Say \"hi\" [twice], {ok}?"}]},
+            {"id": "c_0", "conversations": []}]
+    whole = json.dumps(recs + [{"id": "d_0", "conversations": [{"from": "human", "value": "lost in the cut"}]}],
+                       indent=1)
+    cut = tmp_path / "head.json"
+    cut.write_text(whole[: whole.index("lost in the") + 4])
+    assert sharegpt_first_turns(cut) == ["Plan a trip, please.", 'Say "hi" [twice], {ok}?']
+    full = tmp_path / "full.json"
+    full.write_text(whole)
+    assert sharegpt_first_turns(full)[-1] == "lost in the cut"
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"id": 1}')
+    with pytest.raises(ValueError, match="not a ShareGPT JSON list"):
+        sharegpt_first_turns(bad)
