@@ -82,24 +82,24 @@ def machine() -> str:
             f"Python {platform.python_version()}; {lib}")
 
 
-def load_runs(runs: Path) -> list[dict]:
-    """Every ``bench.json`` under ``runs`` (one level down), in prompt-set order, T=0 first."""
-    reps = [json.loads(p.read_text()) for p in sorted(runs.glob("*/bench.json"))]
+def _load(runs: Path, name: str) -> list[dict]:
+    """Every ``name`` file under ``runs`` (one level down), in prompt-set order, T=0 first."""
+    reps = [json.loads(p.read_text()) for p in sorted(runs.glob(f"*/{name}"))]
 
     def key(r: dict) -> tuple:
         ds = r["config"]["dataset"]
         return (_SET_ORDER.index(ds) if ds in _SET_ORDER else 99, ds, r["config"]["temperature"])
     return sorted(reps, key=key)
+
+
+def load_runs(runs: Path) -> list[dict]:
+    """Every ``bench.json`` under ``runs`` (``bench --out`` folders), in prompt-set order."""
+    return _load(runs, "bench.json")
 
 
 def load_sweeps(runs: Path) -> list[dict]:
-    """Every ``sweep.json`` under ``runs`` (one level down), in prompt-set order, T=0 first."""
-    reps = [json.loads(p.read_text()) for p in sorted(runs.glob("*/sweep.json"))]
-
-    def key(r: dict) -> tuple:
-        ds = r["config"]["dataset"]
-        return (_SET_ORDER.index(ds) if ds in _SET_ORDER else 99, ds, r["config"]["temperature"])
-    return sorted(reps, key=key)
+    """Every ``sweep.json`` under ``runs`` (``bench --sweep --out`` folders), in prompt-set order."""
+    return _load(runs, "sweep.json")
 
 
 def sweep_table(sweeps: list[dict]) -> str:

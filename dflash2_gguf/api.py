@@ -227,6 +227,12 @@ def _load_cost_models() -> dict:
         return {}
 
 
+def _whole_cost_model(verify_ms: Any, block_size: int) -> bool:
+    """Whether ``verify_ms`` holds a positive time for every row count 1..block_size."""
+    return (isinstance(verify_ms, (list, tuple)) and len(verify_ms) >= block_size
+            and all(isinstance(x, (int, float)) and x > 0 for x in verify_ms))
+
+
 def _save_cost_model(key: str, d: dict) -> None:
     """Add one measured cost model to the cache file (written to a temp file, then renamed)."""
     path = _cost_models_path()
@@ -384,8 +390,8 @@ class DFlashDecoder:
         if getattr(self, "_cost_mode", None) != "auto" or not eng.has_drafter:
             return
         c = eng.cost_model()
-        if len(c.verify_ms) < eng.block_size or any(x <= 0 for x in c.verify_ms):
-            return  # only what cycles observed (never measured or loaded): not a whole model
+        if not _whole_cost_model(c.verify_ms, eng.block_size):
+            return  # only what cycles observed (never measured or loaded)
         try:
             _save_cost_model(self._cost_key, {"verify_ms": list(c.verify_ms), "draft_ms": c.draft_ms,
                                               "policy": dict(eng.policy_state())})
@@ -468,24 +474,20 @@ class DFlashDecoder:
         self.engine.set_cost_model(c)
 
     def _ensure_costs(self) -> None:
-        c = self.engine.cost_model()
-        if self._cost_mode != "auto" or (len(c.verify_ms) >= self.block_size and all(x > 0 for x in c.verify_ms)):
-            return  # set, or complete (a model observed by fixed-k cycles alone may have gaps)
+        if self._cost_mode != "auto" or _whole_cost_model(self.engine.cost_model().verify_ms, self.block_size):
+            return  # set, or whole (fixed-k cycles alone observe some row counts only)
         saved = _load_cost_models().get(self._cost_key)
-        try:
-            if not saved or len(saved.get("verify_ms", [])) < self.block_size:
-                raise ValueError("no saved cost model")
-            self._set_costs(saved, fixed=False)  # ValueError on a damaged entry: measured again
-        except (TypeError, ValueError):
-            self.measure_cost_model()
-        else:
-            pol = saved.get("policy")
-            if isinstance(pol, Mapping):
-                try:
-                    self.engine.set_policy_state([float(x) for x in pol["reached"]], [float(x) for x in pol["accepted"]],
-                                                 float(pol["gate_rate"]), int(pol["gate_interval"]))
-                except (KeyError, TypeError, ValueError):
-                    pass  # an older or damaged entry: the policy starts from its prior
+        if not isinstance(saved, Mapping) or not _whole_cost_model(saved.get("verify_ms"), self.block_size):
+            self.measure_cost_model()  # none saved, or a damaged / partial entry
+            return
+        self._set_costs(saved, fixed=False)
+        pol = saved.get("policy")
+        if isinstance(pol, Mapping):
+            try:
+                self.engine.set_policy_state([float(x) for x in pol["reached"]], [float(x) for x in pol["accepted"]],
+                                             float(pol["gate_rate"]), int(pol["gate_interval"]))
+            except (KeyError, TypeError, ValueError):
+                pass  # an older or damaged entry: the policy starts from its prior
 
     # ------------------------------------------------------------------ text
 

@@ -37,11 +37,7 @@ BatchCapture::BatchCapture(const BatchCaptureOptions & opt) : opt_(opt) {
         throw std::invalid_argument("capture must be 'auto', 'layer_inp' or 'cb_eval'");
     }
     llama_backend_init();
-    llama_model_params mp = llama_model_default_params();
-    mp.n_gpu_layers = opt.n_gpu_layers;
-    mp.use_extra_bufts = opt.repack;
-    model_ = llama_model_load_from_file(opt.target_path.c_str(), mp);
-    if (!model_) throw Error(kErrLoad, "failed to load target GGUF '" + opt.target_path + "'");
+    model_ = load_gguf(opt.target_path, opt.n_gpu_layers, opt.repack, "target");
     try {
         const std::string arch = meta_str(model_, "general.architecture");
         n_vocab_ = llama_vocab_n_tokens(llama_model_get_vocab(model_));

@@ -14,11 +14,7 @@ namespace dflash2 {
 Drafter::Drafter(const DrafterOptions & o, llama_context * ctx_tgt, int n_vocab, int n_embd)
     : o_(o), n_vocab_(n_vocab), n_embd_(n_embd) {
     try {
-        llama_model_params dp = llama_model_default_params();
-        dp.n_gpu_layers = o.n_gpu_layers;
-        dp.use_extra_bufts = o.repack;
-        model_ = llama_model_load_from_file(o.path.c_str(), dp);
-        if (!model_) throw Error(kErrLoad, "failed to load drafter GGUF '" + o.path + "'");
+        model_ = load_gguf(o.path, o.n_gpu_layers, o.repack, "drafter");
         if (llama_model_n_embd(model_) != n_embd || llama_vocab_n_tokens(llama_model_get_vocab(model_)) != n_vocab ||
             llama_model_dflash_selector_top_k(model_) != o.top_k) {
             throw Error(kErrIncompatible, "drafter model disagrees with its GGUF metadata");

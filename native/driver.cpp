@@ -83,11 +83,7 @@ Engine::Engine(const EngineOptions & opt) : opt_(opt) {
     if (want_dft) dm = read_drafter_meta(opt.drafter_path);
 
     // 2. Target model.
-    llama_model_params mp = llama_model_default_params();
-    mp.n_gpu_layers = opt.n_gpu_layers;
-    mp.use_extra_bufts = opt.repack;
-    model_tgt_ = llama_model_load_from_file(opt.target_path.c_str(), mp);
-    if (!model_tgt_) throw Error(kErrLoad, "failed to load target GGUF '" + opt.target_path + "'");
+    model_tgt_ = load_gguf(opt.target_path, opt.n_gpu_layers, opt.repack, "target");
     try {
         arch_tgt_    = meta_str(model_tgt_, "general.architecture");
         n_vocab_     = llama_vocab_n_tokens(llama_model_get_vocab(model_tgt_));

@@ -45,6 +45,15 @@ std::vector<int32_t> tokenize_text(const llama_model * m, const std::string & te
     return out;
 }
 
+llama_model * load_gguf(const std::string & path, int n_gpu_layers, bool repack, const char * role) {
+    llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = n_gpu_layers;
+    mp.use_extra_bufts = repack;
+    llama_model * m = llama_model_load_from_file(path.c_str(), mp);
+    if (!m) throw Error(kErrLoad, std::string("failed to load ") + role + " GGUF '" + path + "'");
+    return m;
+}
+
 namespace {
 
 int64_t gguf_int(const gguf_context * g, const char * key, int64_t dflt) {

@@ -33,6 +33,11 @@ std::string meta_str(const llama_model * m, const char * key);
 // llama_tokenize fails.
 std::vector<int32_t> tokenize_text(const llama_model * m, const std::string & text, bool add_special, bool parse_special);
 
+// Load a GGUF with n_gpu_layers offloaded (llama.cpp semantics) and CPU weight repacking on or off
+// (--repack / --no-repack). `role` names it in the error ("target", "drafter"). Throws
+// Error(kErrLoad) when libllama cannot load it.
+llama_model * load_gguf(const std::string & path, int n_gpu_layers, bool repack, const char * role);
+
 // Checks drafter against target: dflash arch, not a recurrent/hybrid target, vocabulary, hidden
 // size, target layer ids inside the target's usable layers, DFlash 2 width (the lattice needs
 // hidden >= top_k * (top_k + 1)), block size. Returns the capture path ("layer_inp" or
