@@ -23,7 +23,9 @@ Draft-length sweeps (``dflash2-gguf bench --sweep --out <runs>/sweep-<set>-t<T>`
 target alone, every fixed k and the adaptive policy on the same requests, back to back) are read
 from ``<runs>/*/sweep.json`` and rendered between ``<!-- sweep -->`` and ``<!-- /sweep -->``;
 ``--sweeps-only`` rewrites just that block of an existing file (the other sections stay as they
-are), so sweeps can be added run by run.
+are), so sweeps can be added run by run: a prompt set and temperature with no ``sweep.json`` under
+``--runs`` keeps its row, command line and cost-model line from the block being replaced (the
+``bench-runs/`` folder of an earlier session need not survive for its figures to stay).
 """
 
 from __future__ import annotations
@@ -102,10 +104,65 @@ def load_sweeps(runs: Path) -> list[dict]:
     return _load(runs, "sweep.json")
 
 
-def sweep_table(sweeps: list[dict]) -> str:
+def _set_key(dataset: str, temperature: str) -> tuple:
+    """Prompt-set order, then temperature: how rows, commands and cost models are sorted."""
+    return (_SET_ORDER.index(dataset) if dataset in _SET_ORDER else 99, dataset, float(temperature))
+
+
+class KeptSweeps:
+    """What an existing sweep block says of the (prompt set, T) pairs that this run of the report
+    has no ``sweep.json`` for: their table rows, command lines and cost-model lines, verbatim.
+
+    Args:
+        block: The text between ``SWEEP_START`` and ``SWEEP_END`` of the file being rewritten
+            (empty: nothing is kept).
+        have: The ``(dataset, T as written, e.g. "0")`` pairs that come from sweep.json files.
+    """
+
+    def __init__(self, block: str, have: set) -> None:
+        self.rows: dict[tuple, str] = {}
+        self.commands: dict[tuple, str] = {}
+        self.cost_lines: dict[tuple, str] = {}
+        in_cmds = False
+        for ln in block.splitlines():
+            if ln.startswith("```"):
+                in_cmds = ln.startswith("```bash")
+                continue
+            if in_cmds:
+                ds, t = _flag(ln, "--dataset"), _flag(ln, "--temp")
+                if ds and t and (ds, t) not in have:
+                    self.commands[_set_key(ds, t)] = ln.rstrip()
+            elif ln.startswith("| ") and not ln.startswith("| prompt set"):
+                cells = [c.strip() for c in ln.strip("|").split("|")]
+                if len(cells) > 2 and (cells[0], cells[1]) not in have:
+                    self.rows[_set_key(cells[0], cells[1])] = ln
+            elif ln.startswith("- ") and " T=" in ln and ":" in ln:
+                ds, t = ln[2:].split(":", 1)[0].split(" T=")
+                if (ds, t) not in have:
+                    self.cost_lines[_set_key(ds, t)] = ln
+
+
+def _flag(cmd: str, flag: str) -> str:
+    """The value after ``flag`` in a command line, or ""."""
+    words = cmd.split()
+    return words[words.index(flag) + 1] if flag in words[:-1] else ""
+
+
+def _t(r: dict) -> str:
+    """A sweep's temperature as the table and the commands write it ("0", "1", "0.7")."""
+    return f"{r['config']['temperature']:g}"
+
+
+def _merged(new: dict, kept: dict) -> list[str]:
+    """Lines keyed by ``_set_key``, the new ones and the kept ones, in prompt-set order."""
+    both = {**kept, **new}
+    return [both[k] for k in sorted(both)]
+
+
+def sweep_table(sweeps: list[dict], kept: Optional[KeptSweeps] = None) -> str:
     """One row per sweep: the target alone's decode tokens/s, each fixed k's and the adaptive
     policy's decode tokens/s as a ratio to it, the adaptive policy's ratio with the prefill
-    included, and its ratio to the best fixed k."""
+    included, and its ratio to the best fixed k; ``kept`` rows (earlier runs) sorted in."""
     n_fixed = max(len(r["rows"]) - 2 for r in sweeps)
     cols = (["prompt set", "T", "requests", "target alone tok/s"] + [f"k={k}" for k in range(1, n_fixed + 1)]
             + ["adaptive", "adaptive, prefill incl.", "adaptive / best fixed k", "adaptive tau",
@@ -119,7 +176,9 @@ def sweep_table(sweeps: list[dict]) -> str:
                     + fixed + [f"**{ad['ratio_vs_alone']:.3f}**", _f(ad.get("overall_ratio_vs_alone"), 3),
                                _f(r["adaptive_vs_best_fixed"], 3), _f(ad["acceptance_length"], 2),
                                _departures(r)])
-    return _md_table(cols, rows)
+    table = _md_table(cols, rows).splitlines()
+    new = {_set_key(r["config"]["dataset"], _t(r)): ln for r, ln in zip(sweeps, table[2:])}
+    return "\n".join(table[:2] + _merged(new, kept.rows if kept else {}))
 
 
 def _departures(r: dict) -> str:
@@ -131,13 +190,19 @@ def _departures(r: dict) -> str:
     return f"{rr[-1]['departed']} / {max(x['departed'] for x in rr[1:-1])}"
 
 
-def sweep_section(sweeps: list[dict], commands: str) -> str:
-    """The draft-length section: the commands, the table, what the columns mean, the cost models."""
+def sweep_section(sweeps: list[dict], commands: str, old_block: str = "") -> str:
+    """The draft-length section: the commands, the table, what the columns mean, the cost models.
+    ``old_block``: the section being replaced; its prompt sets / temperatures that ``sweeps`` has
+    no run for are kept (:class:`KeptSweeps`)."""
     c0 = sweeps[0]["config"]
-    cms = [r.get("cost_model") or {} for r in sweeps]
-    cm_lines = [f"- {r['config']['dataset']} T={r['config']['temperature']:g}: verify "
+    kept = KeptSweeps(old_block, {(r["config"]["dataset"], _t(r)) for r in sweeps})
+    cm_lines = {_set_key(r["config"]["dataset"], _t(r)):
+                f"- {r['config']['dataset']} T={_t(r)}: verify "
                 + ", ".join(f"{x:.1f}" for x in cm.get("verify_ms", [])) + f" ms for 1.. rows; drafter pass "
-                f"{cm.get('draft_ms', float('nan')):.1f} ms" for r, cm in zip(sweeps, cms) if cm]
+                f"{cm.get('draft_ms', float('nan')):.1f} ms" for r in sweeps if (cm := r.get("cost_model"))}
+    cmds = {_set_key(_flag(ln, "--dataset"), _flag(ln, "--temp") or "0"): ln.rstrip()
+            for ln in commands.strip().splitlines() if ln.strip()}
+    n_kept = len(kept.rows)
     return "\n".join([
         SWEEP_START,
         "## Draft length: target alone, every fixed k, adaptive",
@@ -145,19 +210,26 @@ def sweep_section(sweeps: list[dict], commands: str) -> str:
         f"Each request runs every configuration back to back through one decoder (the order reversed "
         f"every other request), {c0['max_new_tokens']} new tokens, first turns only; tokens/s of the decode "
         "phase (tokens after the first / time after the prefill) unless marked; the k columns and "
-        "\"adaptive\" are ratios to the target alone. Machine: " + machine(),
+        "\"adaptive\" are ratios to the target alone. Machine: " + machine()
+        + (f" ({n_kept} of the rows come from earlier runs of the same command on a machine of the same "
+           "kind; each row's configurations ran side by side in one run.)" if n_kept else ""),
         "",
         "```bash",
-        commands.strip() or "(commands.txt missing)",
+        "\n".join(_merged(cmds, kept.commands)) or "(commands.txt missing)",
         "```",
         "",
-        sweep_table(sweeps),
+        sweep_table(sweeps, kept),
         "",
         "Cost models in use at the end of each run (measured at load, then updated online):",
         "",
-        *cm_lines,
+        *_merged(cm_lines, kept.cost_lines),
         SWEEP_END,
     ])
+
+
+def _block(text: str, start: str, end: str) -> str:
+    """The text between the markers ``start`` and ``end`` (exclusive), or "" when either is absent."""
+    return text.split(start, 1)[1].split(end, 1)[0] if start in text and end in text else ""
 
 
 def replace_block(text: str, block: str, start: str, end: str, before: str = "") -> str:
@@ -418,8 +490,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise SystemExit(f"no */sweep.json under {a.runs}")
         if not a.out.is_file():
             raise SystemExit(f"{a.out} does not exist (--sweeps-only updates an existing report)")
-        text = replace_block(a.out.read_text(), sweep_section(sweeps, sweep_cmds), SWEEP_START, SWEEP_END,
-                             before="## Summary")
+        old = a.out.read_text()
+        text = replace_block(old, sweep_section(sweeps, sweep_cmds, _block(old, SWEEP_START, SWEEP_END)),
+                             SWEEP_START, SWEEP_END, before="## Summary")
         tmp = a.out.with_suffix(".md.tmp")
         tmp.write_text(text)
         os.replace(tmp, a.out)
@@ -428,19 +501,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     reps = load_runs(a.runs)
     if not reps:
         raise SystemExit(f"no */bench.json under {a.runs}")
-    kept = ""
-    if a.out.is_file():
-        t = a.out.read_text()
-        if KEEP_START in t and KEEP_END in t:
-            kept = t.split(KEEP_START, 1)[1].split(KEEP_END, 1)[0]
+    old = a.out.read_text() if a.out.is_file() else ""
+    kept = _block(old, KEEP_START, KEEP_END)
     cmds = a.runs / "commands.txt"
     commands = cmds.read_text() if cmds.is_file() else "(commands.txt missing)"
     plot(reps, a.plot)
     rel = os.path.relpath(a.plot, a.out.parent)
     tmp = a.out.with_suffix(".md.tmp")
     text = render(reps, commands=commands, plot_rel=rel, kept=kept)
+    old_sweeps = _block(old, SWEEP_START, SWEEP_END)
     if sweeps:
-        text = replace_block(text, sweep_section(sweeps, sweep_cmds), SWEEP_START, SWEEP_END, before="## Summary")
+        text = replace_block(text, sweep_section(sweeps, sweep_cmds, old_sweeps), SWEEP_START, SWEEP_END,
+                             before="## Summary")
+    elif old_sweeps:  # no sweep this time: the section stays as it was
+        text = replace_block(text, SWEEP_START + old_sweeps + SWEEP_END, SWEEP_START, SWEEP_END, before="## Summary")
     tmp.write_text(text)
     os.replace(tmp, a.out)
     print(f"wrote {a.out} ({len(reps)} runs) and {a.plot}")

@@ -275,3 +275,56 @@ def test_bench_sweep_cli_and_report_section(native_ext, smollm2_gguf, smollm2_dr
     assert cells[11] == f"**{ad['ratio_vs_alone']:.3f}**" and cells[13] == f"{rep['adaptive_vs_best_fixed']:.3f}"
     assert all(r["departed"] == 0 for r in rep["rows"])  # 12 tokens: within 256 cells, every row exact
     assert cells[-1] == "0 / 0" and "--sweep --dataset gsm8k" in text
+
+
+def _fake_sweep(dataset: str, temperature: float, alone: float, adaptive: float) -> dict:
+    """A sweep.json as ``run_sweep`` writes it, with made-up figures (report rendering only)."""
+    rows = [dict(name="target alone", tokens_per_second=alone, ratio_vs_alone=1.0, acceptance_length=1.0,
+                 overall_ratio_vs_alone=1.0, departed=0)]
+    rows += [dict(name=f"fixed k={k}", tokens_per_second=alone / (k + 1), ratio_vs_alone=1 / (k + 1),
+                  acceptance_length=1.2, overall_ratio_vs_alone=1 / (k + 1), departed=0) for k in range(1, 8)]
+    rows += [dict(name="adaptive", tokens_per_second=alone * adaptive, ratio_vs_alone=adaptive, acceptance_length=1.0,
+                  overall_ratio_vs_alone=adaptive, departed=0)]
+    return dict(config=dict(dataset=dataset, n_prompts=30, max_new_tokens=128, temperature=temperature),
+                rows=rows, identical=True, adaptive_vs_best_fixed=adaptive * 2, adaptive_vs_alone=adaptive,
+                cost_model=dict(verify_ms=[float(r) for r in range(1, 9)], draft_ms=9.0))
+
+
+def test_sweeps_only_keeps_rows_whose_run_is_gone(tmp_path):
+    """--sweeps-only with the runs of one prompt set / T: that row, command and cost-model line are
+    rewritten; the rows of the earlier runs, whose folders are gone, stay as they were; the
+    order is prompt-set order, then T; a second rewrite changes nothing."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks import report as br
+
+    def cmd(ds, t):
+        return f"dflash2-gguf bench -m t.gguf -md d.gguf --dataset {ds} --temp {t} --sweep --out r/sweep-{ds}-t{t}"
+
+    bm = tmp_path / "BENCHMARKS.md"
+    bm.write_text("# Benchmarks\n\n## Summary\n\nold figures\n")
+    first = tmp_path / "first"
+    for ds, t, ad in (("mbpp", 1, 0.95), ("gsm8k", 0, 1.01)):
+        (first / f"sweep-{ds}-t{t}").mkdir(parents=True)
+        (first / f"sweep-{ds}-t{t}" / "sweep.json").write_text(json.dumps(_fake_sweep(ds, t, 100.0, ad)))
+    (first / "sweep-commands.txt").write_text(cmd("mbpp", 1) + " \n" + cmd("gsm8k", 0) + "\n")
+    assert br.main(["--runs", str(first), "--out", str(bm), "--sweeps-only"]) == 0
+
+    second = tmp_path / "second"  # a later session: mbpp T=1 again, and math500 T=0; gsm8k's folder is gone
+    for ds, t, ad in (("mbpp", 1, 0.99), ("math500", 0, 1.02)):
+        (second / f"sweep-{ds}-t{t}").mkdir(parents=True)
+        (second / f"sweep-{ds}-t{t}" / "sweep.json").write_text(json.dumps(_fake_sweep(ds, t, 50.0, ad)))
+    (second / "sweep-commands.txt").write_text(cmd("math500", 0) + "\n" + cmd("mbpp", 1) + "\n")
+    assert br.main(["--runs", str(second), "--out", str(bm), "--sweeps-only"]) == 0
+    text = bm.read_text()
+    rows = [ln for ln in text.splitlines() if ln.startswith("| ") and not ln.startswith("| prompt set")]
+    assert [r.split("|")[1].strip() for r in rows] == ["gsm8k", "math500", "mbpp"]
+    assert "| 100.0 |" in rows[0] and "**1.010**" in rows[0]           # kept from the first run
+    assert "| 50.0 |" in rows[1] and "**1.020**" in rows[1]            # new
+    assert "| 50.0 |" in rows[2] and "**0.990**" in rows[2] and "0.950" not in text  # replaced
+    cmds = text.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    assert cmds == [cmd("gsm8k", 0), cmd("math500", 0), cmd("mbpp", 1)]
+    assert [ln.split(":")[0] for ln in text.splitlines() if ln.startswith("- ") and " T=" in ln] == \
+        ["- gsm8k T=0", "- math500 T=0", "- mbpp T=1"]
+    assert "1 of the rows come from earlier runs" in text and text.endswith("## Summary\n\nold figures\n")
+    assert br.main(["--runs", str(second), "--out", str(bm), "--sweeps-only"]) == 0
+    assert bm.read_text() == text
