@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Train the DFlash 2 drafter for SmolLM2-135M-Instruct Q4_1 on CPU, resumably (docs/TRAINING.md).
 #
-#   scripts/train_smollm2_drafter.sh data      # background: GSM8K-train responses + features -> shards
+#   scripts/train_smollm2_drafter.sh data      # background: responses + features -> shards
+#       (PROMPTS=gsm8k-train by default; PROMPTS=mix: the math / code / chat mix, train/prompt_mix.py,
+#       each sequence tagged with its family, so fit logs held-out tau per family)
 #   scripts/train_smollm2_drafter.sh fit       # background: train on the shards present (resumes)
 #   scripts/train_smollm2_drafter.sh both      # data, then fit as soon as MIN_SHARDS shards exist
 #   scripts/train_smollm2_drafter.sh export    # checkpoint -> HF folder -> q8_0 GGUF
@@ -22,7 +24,7 @@ TARGET=$(python -c 'from dflash2_gguf.assets import fetch; print(fetch("smollm2-
 SHAPE=(--layers 2 --target-layer-ids 1,14,27)
 
 data() {
-  python -m dflash2_gguf.train capture --target "$TARGET" "${SHAPE[@]}" --prompts gsm8k-train \
+  python -m dflash2_gguf.train capture --target "$TARGET" "${SHAPE[@]}" --prompts "${PROMPTS:-gsm8k-train}" \
     --max-new-tokens 256 --batch-size ${BATCH:-32} --seqs-per-shard 64 --n-ctx 768 --threads 2 \
     --out "$FEATS" --resume
 }

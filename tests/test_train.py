@@ -264,6 +264,61 @@ def test_shard_roundtrip_and_windows(tmp_path):
         assert torch.equal(batch.positions[b, 1:] - batch.positions[b, :-1], torch.ones(15, dtype=torch.long))
 
 
+def _family_shard(path, cfg: DFlash2Config, families, seed: int = 0):
+    """Sequences of two recurrences: family "math" x -> 7x + 3, "code" x -> x + 1 (mod V - 1)."""
+    rng = np.random.default_rng(seed)
+    seqs = []
+    for fam in families:
+        n = int(rng.integers(20, 40))
+        x = [int(rng.integers(0, cfg.vocab_size - 1))]
+        for _ in range(n - 1):
+            x.append((x[-1] * 7 + 3 if fam == "math" else x[-1] + 1) % (cfg.vocab_size - 1))
+        feats = rng.standard_normal((n, len(cfg.target_layer_ids) * cfg.hidden_size)).astype(np.float32)
+        seqs.append((x, feats, 2, fam))
+    return write_shard(path, seqs, ShardMeta(cfg.target_layer_ids, cfg.hidden_size, cfg.vocab_size))
+
+
+def test_shard_prompt_families(tmp_path):
+    """Each sequence's prompt family survives the shard round trip; a family's batches hold that
+    family's sequences only; a shard of untagged sequences has none; mixing the two is refused."""
+    from safetensors import safe_open
+
+    cfg = _tiny()
+    fams = ["math", "code", "math", "math", "code", "math"]
+    p = _family_shard(tmp_path / "f.safetensors", cfg, fams)
+    with safe_open(str(p), "np") as f:
+        assert json.loads(f.metadata()["families"]) == ["code", "math"]
+        assert f.get_tensor("family").tolist() == [1, 0, 1, 1, 0, 1]
+    q = _synthetic_shard(tmp_path / "plain.safetensors", cfg, n_seq=3)
+    data = FeatureShards([p, q])
+    assert data.family_of == fams + ["", "", ""] and data.families == ["code", "math"]
+    assert FeatureShards([q]).families == []
+    g = torch.Generator().manual_seed(0)
+    for fam, step in (("code", lambda t: (t + 1) % (V - 1)), ("math", lambda t: (t * 7 + 3) % (V - 1))):
+        batch = data.sample_batch(16, 16, g, family=fam)
+        for b in range(16):
+            t = batch.tokens[b, :int(batch.lengths[b])]
+            assert torch.equal(t[1:], step(t[:-1])), fam
+    with pytest.raises(KeyError, match="chat"):
+        data.sample_batch(2, 16, g, family="chat")
+    with pytest.raises(ValueError, match="every sequence"):
+        write_shard(tmp_path / "bad.safetensors", [([1, 2, 3], np.zeros((3, 2 * H)), 1, "math"),
+                                                   ([1, 2, 3], np.zeros((3, 2 * H)), 1)],
+                    ShardMeta(cfg.target_layer_ids, cfg.hidden_size, cfg.vocab_size))
+    assert not (tmp_path / "bad.safetensors").exists()
+
+    from dflash2_gguf.train.loop import evaluate_tau
+
+    m = random_drafter(cfg)
+    m.set_target_weights(torch.randn(V, H, generator=torch.Generator().manual_seed(0)) * 0.3, None)
+    tcfg = TrainConfig(shards=[str(p)], out_dir=str(tmp_path / "run"), batch_size=4, max_len=24,
+                       anchors_per_seq=4, eval_batches=1, progress=False)
+    ev = evaluate_tau(m, FeatureShards([p]), tcfg)
+    assert sorted(ev["tau_by_family"]) == ["code", "math"]
+    assert all(1.0 <= x <= cfg.block_size for x in ev["tau_by_family"].values())
+    assert "tau_by_family" not in evaluate_tau(m, FeatureShards([q]), tcfg)
+
+
 def test_loss_weights_and_accuracy_counts():
     cfg = _tiny()
     m = random_drafter(cfg)

@@ -162,12 +162,13 @@ def test_capture_refuses_bad_requests(smollm2_gguf):
 
 def test_shards_round_trip_and_resume(tmp_path, smollm2_gguf, engine_reference):
     """Shards hold the serving renderer's prompt ids, the greedy answers and their features
-    exactly as BatchedCapture returns them; a rerun keeps finished shards; a lost one is made
-    again; shards of other layers refuse to be resumed."""
+    exactly as BatchedCapture returns them, with each prompt's family; a rerun keeps finished
+    shards; a lost one is made again; shards of other layers refuse to be resumed."""
     from dflash2_gguf.train.data import FeatureShards
     from dflash2_gguf.train.generate import generate_capture_shards
 
-    kw = dict(max_new_tokens=N_NEW, seqs_per_shard=2, progress=False, **SMALL)
+    fams = ["math", "chat", "code"]
+    kw = dict(max_new_tokens=N_NEW, seqs_per_shard=2, progress=False, families=fams, **SMALL)
     out = tmp_path / "feats"
     paths = generate_capture_shards(smollm2_gguf, PROMPTS, out, IDS, **kw)
     assert [p.name for p in paths] == ["shard-00000.safetensors", "shard-00001.safetensors"]
@@ -175,7 +176,7 @@ def test_shards_round_trip_and_resume(tmp_path, smollm2_gguf, engine_reference):
     data = FeatureShards(paths)
     assert data.meta.target_layer_ids == tuple(IDS) and data.meta.hidden_size == H
     assert data.meta.vocab_size == 49152 and "capture=layer_inp" in data.meta.source
-    assert len(data) == 3
+    assert len(data) == 3 and data.family_of == fams
     for i, (si, start, n, plen) in enumerate(data.index):
         ids, resp, _ = engine_reference[i]
         assert plen == len(ids) and data._tokens[si][start:start + n].tolist() == ids + resp
@@ -183,7 +184,10 @@ def test_shards_round_trip_and_resume(tmp_path, smollm2_gguf, engine_reference):
         assert np.array_equal(stored, got[i].features)
     rows = [json.loads(x) for x in (out / "responses.jsonl").read_text().splitlines()]
     assert sorted(r["i"] for r in rows) == [0, 1, 2]
-    assert all(r["response"] == engine_reference[r["i"]][1] for r in rows)
+    assert all(r["response"] == engine_reference[r["i"]][1] and r["family"] == fams[r["i"]] for r in rows)
+    with pytest.raises(ValueError, match="one per prompt"):
+        generate_capture_shards(smollm2_gguf, PROMPTS, tmp_path / "other", IDS, **{**kw, "families": fams[:1]})
+    assert not (tmp_path / "other").exists()
 
     mtimes = [p.stat().st_mtime_ns for p in paths]
     assert generate_capture_shards(smollm2_gguf, PROMPTS, out, IDS, **kw) == paths

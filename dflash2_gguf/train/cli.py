@@ -32,7 +32,19 @@ import json
 import sys
 from pathlib import Path
 
-__all__ = ["main", "load_prompts"]
+__all__ = ["main", "load_prompts", "load_prompt_families"]
+
+
+def load_prompt_families(spec: str, limit: int | None = None, seed: int = 42) -> tuple[list[str], list[str] | None]:
+    """:func:`load_prompts` and the prompt family of each prompt: the mix's (``math`` / ``code`` /
+    ``chat``) for ``"mix"``, None for any other ``spec`` (one set: no families)."""
+    if spec == "mix":
+        from .prompt_mix import prompt_mix
+
+        pairs = prompt_mix(seed=seed)
+        pairs = pairs[:limit] if limit else pairs
+        return [p for _, p in pairs], [f for f, _ in pairs]
+    return load_prompts(spec, limit, seed), None
 
 
 def load_prompts(spec: str, limit: int | None = None, seed: int = 42) -> list[str]:
@@ -48,10 +60,7 @@ def load_prompts(spec: str, limit: int | None = None, seed: int = 42) -> list[st
     from ..prompt_sets import first_turns
 
     if spec == "mix":
-        from .prompt_mix import prompt_mix
-
-        texts = [p for _, p in prompt_mix(seed=seed)]
-        return texts[:limit] if limit else texts
+        return load_prompt_families(spec, limit, seed)[0]
     try:
         return first_turns(spec, limit or None, seed=seed)
     except ValueError as e:
@@ -79,7 +88,7 @@ def cmd_capture(args) -> int:
 
     info = _target_info(args.target)
     ids = _layer_ids(args, info.n_layers)
-    prompts = load_prompts(args.prompts, args.limit, args.seed)
+    prompts, families = load_prompt_families(args.prompts, args.limit, args.seed)
     out = Path(args.out)
     if args.force and not args.resume:
         for old in list(out.glob("shard-*.safetensors")) + list(out.glob("responses.jsonl")):
@@ -89,7 +98,7 @@ def cmd_capture(args) -> int:
     paths = generate_capture_shards(
         args.target, prompts, out, ids, max_new_tokens=args.max_new_tokens,
         seqs_per_shard=args.seqs_per_shard, n_parallel=args.batch_size, n_ctx_seq=args.n_ctx,
-        n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, capture=args.capture,
+        n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, capture=args.capture, families=families,
         source=f"prompts={args.prompts} limit={args.limit} seed={args.seed} greedy batched "
                f"({args.batch_size} parallel) max_new_tokens={args.max_new_tokens}")
     print(f"{len(paths)} shard(s) in {out} (target layers {ids})")

@@ -13,10 +13,15 @@ Shard format (``dflash2-gguf-features/1``), one ``.safetensors`` file per shard:
     prompt_lengths  int32   [S]                    tokens of the prompt (chat template included);
                                                    the rest is the target's own response. Anchors
                                                    are drawn from the response only.
+    family          int32   [S]   (optional)       the prompt family of each sequence, an index
+                                                   into the ``families`` metadata list (the
+                                                   training mix: math / code / chat); absent in
+                                                   shards whose sequences carry no family
 
     __metadata__ (strings): format = "dflash2-gguf-features/1", target_layer_ids (JSON list of HF
     ids), hidden_size, vocab_size, target (file name of the target GGUF), target_sha256 (may be
-    empty), source (free text: prompt set, generation settings).
+    empty), source (free text: prompt set, generation settings); ``families`` (JSON list of
+    names) exactly when the ``family`` tensor is present.
 
 :func:`dflash2_gguf.train.generate.generate_capture_shards` fills shards from a target GGUF
 through the native engine.
@@ -66,20 +71,27 @@ class ShardMeta:
                    d.get("source", ""))
 
 
-def write_shard(path: str | Path, sequences: Iterable[tuple[Sequence[int], np.ndarray, int]],
-                meta: ShardMeta) -> Path:
+def write_shard(path: str | Path, sequences: Iterable[tuple], meta: ShardMeta) -> Path:
     """Write one shard.
 
     Args:
         path: output ``.safetensors`` file (written to a temp name, then renamed).
-        sequences: ``(token ids [n], features [n, n_ids*H] (any float, stored f16), prompt_len)``.
+        sequences: ``(token ids [n], features [n, n_ids*H] (any float, stored f16), prompt_len)``,
+            or with a fourth element, the sequence's prompt family (a non-empty name): then every
+            sequence must have one, and the shard stores them (``family`` + ``families``).
         meta: what the features are (checked: width = len(target_layer_ids) * hidden_size).
+
+    Raises:
+        ValueError: a features array of the wrong shape or beyond float16's range, no sequence,
+        or families given for some sequences only.
     """
     from safetensors.numpy import save_file
 
-    toks, feats, offsets, plens = [], [], [0], []
+    toks, feats, offsets, plens, fams = [], [], [0], [], []
     width = len(meta.target_layer_ids) * meta.hidden_size
-    for ids, f, plen in sequences:
+    for seq in sequences:
+        ids, f, plen = seq[:3]
+        fams.append(seq[3] if len(seq) > 3 else "")
         ids = np.asarray(ids, dtype=np.int32)
         f = np.asarray(f)
         if f.shape != (len(ids), width):
@@ -94,12 +106,19 @@ def write_shard(path: str | Path, sequences: Iterable[tuple[Sequence[int], np.nd
         plens.append(int(plen))
     if not toks:
         raise ValueError("no sequences")
+    tensors = {"tokens": np.concatenate(toks), "features": np.concatenate(feats),
+               "offsets": np.asarray(offsets, dtype=np.int64),
+               "prompt_lengths": np.asarray(plens, dtype=np.int32)}
+    strings = meta.to_strings()
+    if any(fams):
+        if not all(fams):
+            raise ValueError("give every sequence of a shard a prompt family, or none")
+        names = sorted(set(fams))
+        tensors["family"] = np.asarray([names.index(x) for x in fams], dtype=np.int32)
+        strings["families"] = json.dumps(names)
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    save_file({"tokens": np.concatenate(toks), "features": np.concatenate(feats),
-               "offsets": np.asarray(offsets, dtype=np.int64),
-               "prompt_lengths": np.asarray(plens, dtype=np.int32)},
-              str(tmp), metadata=meta.to_strings())
+    save_file(tensors, str(tmp), metadata=strings)
     tmp.replace(path)
     return path
 
@@ -114,9 +133,10 @@ def read_shard_meta(path: str | Path) -> ShardMeta:
 class FeatureShards:
     """All sequences of a list of shards, memory-mapped; draws random training windows.
 
-    ``sample_batch`` picks ``batch_size`` sequences uniformly and, for a sequence longer than
-    ``max_len``, a random window of ``max_len`` rows that keeps at least one response token
-    (rows keep their absolute positions; the context before the window is dropped).
+    ``sample_batch`` picks ``batch_size`` sequences uniformly (from one prompt family when asked)
+    and, for a sequence longer than ``max_len``, a random window of ``max_len`` rows that keeps at
+    least one response token (rows keep their absolute positions; the context before the window
+    is dropped). ``family_of[i]`` is sequence ``i``'s prompt family ("" for a shard without them).
     """
 
     def __init__(self, paths: Sequence[str | Path]) -> None:
@@ -135,14 +155,26 @@ class FeatureShards:
         self._tokens = [f.get_tensor("tokens") for f in self._files]
         self._features = [f.get_slice("features") for f in self._files]
         self.index: list[tuple[int, int, int, int]] = []  # (shard, start, length, prompt_len)
+        self.family_of: list[str] = []
         for si, f in enumerate(self._files):
             off = f.get_tensor("offsets").tolist()
             plen = f.get_tensor("prompt_lengths").tolist()
+            names = json.loads((f.metadata() or {}).get("families", "[]"))
+            fam = [names[j] for j in f.get_tensor("family").tolist()] if names else [""] * len(plen)
             for s in range(len(off) - 1):
                 if off[s + 1] - off[s] - plen[s] >= 2:  # at least one anchor with a label
                     self.index.append((si, off[s], off[s + 1] - off[s], plen[s]))
+                    self.family_of.append(fam[s])
         if not self.index:
             raise ValueError("no usable sequence (each needs >= 2 response tokens)")
+        self._by_family: dict[str, list[int]] = {}
+        for i, name in enumerate(self.family_of):
+            self._by_family.setdefault(name, []).append(i)
+
+    @property
+    def families(self) -> list[str]:
+        """The prompt families present, sorted (empty when no shard records them)."""
+        return sorted(x for x in self._by_family if x)
 
     def __len__(self) -> int:
         return len(self.index)
@@ -151,9 +183,17 @@ class FeatureShards:
     def n_tokens(self) -> int:
         return sum(n for _, _, n, _ in self.index)
 
-    def sample_batch(self, batch_size: int, max_len: int, generator: torch.Generator) -> Batch:
-        """A padded :class:`Batch` of ``batch_size`` random windows (features float16)."""
-        picks = torch.randint(len(self.index), (batch_size,), generator=generator).tolist()
+    def sample_batch(self, batch_size: int, max_len: int, generator: torch.Generator,
+                     family: str | None = None) -> Batch:
+        """A padded :class:`Batch` of ``batch_size`` random windows (features float16), of the
+        sequences of prompt family ``family`` only when given (KeyError: none of that family)."""
+        if family is None:
+            picks = torch.randint(len(self.index), (batch_size,), generator=generator).tolist()
+        else:
+            if not family or family not in self._by_family:
+                raise KeyError(f"no sequence of prompt family {family!r} (present: {self.families})")
+            pool = self._by_family[family]
+            picks = [pool[j] for j in torch.randint(len(pool), (batch_size,), generator=generator).tolist()]
         rows = []
         for i in picks:
             si, start, n, plen = self.index[i]

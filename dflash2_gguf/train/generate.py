@@ -197,7 +197,8 @@ def generate_capture_shards(target_gguf: str | Path, prompts: Sequence[str], out
                             seqs_per_shard: int = 128, n_parallel: int = 16, n_ctx_seq: int = 1024,
                             n_batch: int = 2048, n_threads: Optional[int] = None, n_gpu_layers: int = 0,
                             capture: str = "auto", progress: bool = True, source: str = "",
-                            max_shards: Optional[int] = None) -> list[Path]:
+                            max_shards: Optional[int] = None,
+                            families: Optional[Sequence[str]] = None) -> list[Path]:
     """Feature shards of the target's greedy answers to ``prompts`` (user messages, the order
     given), ``seqs_per_shard`` prompts per shard; resumable.
 
@@ -206,17 +207,22 @@ def generate_capture_shards(target_gguf: str | Path, prompts: Sequence[str], out
     are checked) and only the missing ones are made, in one continuous-batching run
     (:class:`BatchedCapture`). Every answer is appended to ``<out_dir>/responses.jsonl`` (``i``,
     ``prompt``, ``response``) as it finishes. Logs tokens/s per shard to stderr. Returns all
-    shard paths. Other arguments: :class:`BatchedCapture`.
+    shard paths. ``families``: the prompt family of each prompt (the mix's math / code / chat),
+    kept per sequence in the shards (held-out tau per family) and in ``responses.jsonl``.
+    Other arguments: :class:`BatchedCapture`.
 
     Raises:
-        ValueError: an existing shard holds other target layers; a prompt does not fit.
+        ValueError: an existing shard holds other target layers; a prompt does not fit;
+        ``families`` is not one per prompt.
     """
     from .data import ShardMeta, read_shard_meta, write_shard
 
+    prompts = list(prompts)
+    if families is not None and len(families) != len(prompts):
+        raise ValueError(f"{len(families)} families for {len(prompts)} prompts: give one per prompt")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ids = tuple(int(k) for k in target_layer_ids)
-    prompts = list(prompts)
     n_shards = (len(prompts) + seqs_per_shard - 1) // seqs_per_shard
     if max_shards is not None:
         n_shards = min(n_shards, max_shards)
@@ -253,10 +259,11 @@ def generate_capture_shards(target_gguf: str | Path, prompts: Sequence[str], out
         with open(out / "responses.jsonl", "a", encoding="utf-8") as rf:
             for seq in gen.generate([ptoks[i] for i in need], max_new_tokens, keys=need):
                 i = seq.key
-                rf.write(json.dumps({"i": i, "prompt": seq.prompt, "response": seq.response,
+                fam = {"family": families[i]} if families is not None else {}
+                rf.write(json.dumps({"i": i, **fam, "prompt": seq.prompt, "response": seq.response,
                                      "stop_reason": seq.stop_reason}) + "\n")
                 rf.flush()
-                rows[i] = (seq.prompt + seq.response, seq.features, len(seq.prompt))
+                rows[i] = (seq.prompt + seq.response, seq.features, len(seq.prompt), *fam.values())
                 n_new += len(seq.response)
                 if bar is not None:
                     bar.update(1)

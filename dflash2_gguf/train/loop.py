@@ -101,22 +101,36 @@ def _save(path: Path, model, opt, sched, step: int, gen: torch.Generator, histor
 
 def evaluate_tau(model: DFlash2Drafter, data: FeatureShards, cfg: TrainConfig) -> dict:
     """Mean greedy acceptance length (bonus included) and its histogram over ``eval_batches``
-    batches of held-out data, with a fixed seed (comparable across steps)."""
-    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    batches of held-out data, with a fixed seed (comparable across steps).
+
+    Returns:
+        ``{"tau", "tau_hist", "n_anchors"}`` over batches drawn from every sequence, plus, when the
+        shards record prompt families, ``"tau_by_family": {family: tau}`` from ``eval_batches``
+        batches of that family's sequences alone (each with its own fixed seed).
+    """
     was_training = model.training
     model.eval()
-    taus = []
     device = next(model.parameters()).device
     amp = getattr(torch, cfg.autocast_dtype) if cfg.autocast_dtype else None
-    for _ in range(cfg.eval_batches):
-        batch = data.sample_batch(cfg.batch_size, cfg.max_len, gen).to(device)
-        with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-            taus.append(greedy_acceptance(model, batch, cfg.anchors_per_seq, gen).cpu())
+
+    def taus(family: str | None, seed: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(seed)
+        out = []
+        for _ in range(cfg.eval_batches):
+            batch = data.sample_batch(cfg.batch_size, cfg.max_len, gen, family=family).to(device)
+            with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+                out.append(greedy_acceptance(model, batch, cfg.anchors_per_seq, gen).cpu())
+        return torch.cat(out)
+
+    t = taus(None, cfg.seed + 1)
+    by_family = {f: taus(f, cfg.seed + 2 + i) for i, f in enumerate(data.families)}
     model.train(was_training)
-    t = torch.cat(taus)
     bs = model.config.block_size
-    return {"tau": float(t.float().mean()) if len(t) else float("nan"),
-            "tau_hist": torch.bincount(t, minlength=bs + 1)[1:].tolist(), "n_anchors": len(t)}
+    mean = lambda x: float(x.float().mean()) if len(x) else float("nan")  # noqa: E731
+    ev = {"tau": mean(t), "tau_hist": torch.bincount(t, minlength=bs + 1)[1:].tolist(), "n_anchors": len(t)}
+    if by_family:
+        ev["tau_by_family"] = {f: mean(x) for f, x in by_family.items()}
+    return ev
 
 
 def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
@@ -234,7 +248,8 @@ def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
             ev = evaluate_tau(model, eval_data, cfg)
             history.append({"step": step, **ev})
             if bar is not None:
-                bar.write(f"step {step}: greedy tau {ev['tau']:.3f} over {ev['n_anchors']} anchors")
+                fam = "".join(f", {f} {x:.3f}" for f, x in ev.get("tau_by_family", {}).items())
+                bar.write(f"step {step}: greedy tau {ev['tau']:.3f} over {ev['n_anchors']} anchors{fam}")
         if step % cfg.save_every == 0 or step == end:
             _save(ckpt, model, opt, sched, step, gen, history, model_cfg, cfg)
     if bar is not None:
