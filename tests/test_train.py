@@ -484,3 +484,25 @@ def test_restricted_vocab_loss_equals_full_when_vocab_is_everything():
     assert torch.isfinite(sub.loss) and sub.ce <= full.ce  # fewer competitors, lower CE
     sub.loss.backward()
     assert m.candidate_selector.successor_codebook.grad[50:].abs().sum() == 0
+
+
+def test_read_responses_cut_and_damaged(tmp_path):
+    """A recorded-answers file: later lines win, a last line cut by a killed run is skipped, a
+    damaged earlier line is an error naming the line, gzip reads the same, a missing file is empty."""
+    import gzip
+
+    from dflash2_gguf.train.generate import read_responses
+
+    rows = [{"i": 0, "prompt": [1, 2], "response": [3]}, {"i": 1, "prompt": [1], "response": [4, 5]},
+            {"i": 0, "prompt": [1, 2], "response": [6, 7]}]
+    text = "\n".join(json.dumps(r) for r in rows) + '\n{"i": 2, "prompt": [1'
+    (tmp_path / "r.jsonl").write_text(text)
+    got = read_responses(tmp_path / "r.jsonl")
+    assert sorted(got) == [0, 1] and got[0]["response"] == [6, 7] and got[1]["response"] == [4, 5]
+    with gzip.open(tmp_path / "r.jsonl.gz", "wt") as f:
+        f.write(text)
+    assert read_responses(tmp_path / "r.jsonl.gz") == got
+    assert read_responses(tmp_path / "missing.jsonl") == {}
+    (tmp_path / "bad.jsonl").write_text('{"i": 0, "prompt": "text", "response": []}\n' + json.dumps(rows[1]) + "\n")
+    with pytest.raises(ValueError, match="line 1"):
+        read_responses(tmp_path / "bad.jsonl")

@@ -192,10 +192,30 @@ def test_shards_round_trip_and_resume(tmp_path, smollm2_gguf, engine_reference):
     mtimes = [p.stat().st_mtime_ns for p in paths]
     assert generate_capture_shards(smollm2_gguf, PROMPTS, out, IDS, **kw) == paths
     assert [p.stat().st_mtime_ns for p in paths] == mtimes
+    # a lost shard is made again from its recorded answer (teacher-forced, not generated): the
+    # same tokens, the same features (< 64 rows per call, < 256 cells: batched rows are exact)
+    before = FeatureShards([paths[1]])
+    t_before, f_before = before._tokens[0].tolist(), before._features[0][:].numpy()
     paths[1].unlink()
-    generate_capture_shards(smollm2_gguf, PROMPTS, out, IDS, **kw)
+    forced_kw = {**kw, "n_batch": 63}  # prompt + answer in one call, still under 64 rows
+    generate_capture_shards(smollm2_gguf, PROMPTS, out, IDS, **forced_kw)
     assert paths[1].exists() and paths[0].stat().st_mtime_ns == mtimes[0]
-    assert len((out / "responses.jsonl").read_text().splitlines()) == 4  # only prompt 2 again
+    assert len((out / "responses.jsonl").read_text().splitlines()) == 3  # nothing generated again
+    again = FeatureShards([paths[1]])
+    assert again._tokens[0].tolist() == t_before and again.family_of == ["code"]
+    np.testing.assert_allclose(again._features[0][:].numpy(), f_before, rtol=FEATURE_RTOL, atol=1e-3)
+    # another machine: only responses.jsonl survives (gzipped); the shards are rebuilt from it
+    import gzip
+    import shutil
+
+    kept = tmp_path / "responses.jsonl.gz"
+    with open(out / "responses.jsonl", "rb") as src, gzip.open(kept, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    fresh = tmp_path / "fresh"
+    rebuilt = generate_capture_shards(smollm2_gguf, PROMPTS, fresh, IDS, **forced_kw, responses=kept)
+    assert [FeatureShards([p])._tokens[0].tolist() for p in rebuilt] == \
+        [FeatureShards([p])._tokens[0].tolist() for p in paths]
+    assert sorted(json.loads(x)["i"] for x in (fresh / "responses.jsonl").read_text().splitlines()) == [0, 1, 2]
     with pytest.raises(ValueError, match="other target layers"):
         generate_capture_shards(smollm2_gguf, PROMPTS, out, [2, 14, 27], **kw)
 

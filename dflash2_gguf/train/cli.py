@@ -99,6 +99,7 @@ def cmd_capture(args) -> int:
         args.target, prompts, out, ids, max_new_tokens=args.max_new_tokens,
         seqs_per_shard=args.seqs_per_shard, n_parallel=args.batch_size, n_ctx_seq=args.n_ctx,
         n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, capture=args.capture, families=families,
+        responses=args.responses,
         source=f"prompts={args.prompts} limit={args.limit} seed={args.seed} greedy batched "
                f"({args.batch_size} parallel) max_new_tokens={args.max_new_tokens}")
     print(f"{len(paths)} shard(s) in {out} (target layers {ids})")
@@ -182,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--n-gpu-layers", type=int, default=0)
     c.add_argument("--out", required=True)
     c.add_argument("--force", action="store_true", help="delete existing shards first")
+    c.add_argument("--responses", default=None,
+                   help="a responses.jsonl[.gz] of an earlier capture (same --prompts/--seed): its answers "
+                        "are teacher-forced (one prefill each) instead of generated again")
     c.add_argument("--resume", action="store_true",
                    help="keep existing shards, make the missing ones (same --prompts/--seed/--seqs-per-shard)")
     c.set_defaults(func=cmd_capture)

@@ -18,7 +18,9 @@ that serving produces.
 ``dflash2-gguf-features/1``, :mod:`dflash2_gguf.train.data`), each covering ``seqs_per_shard``
 consecutive prompts of the given order, and appends every response to ``responses.jsonl`` as
 it finishes. ONE continuous-batching run covers every shard still to do (no half-empty batches
-at shard ends); a rerun keeps finished shards and makes the others again.
+at shard ends); a rerun keeps finished shards and makes the others again, from the recorded
+answers where ``responses.jsonl`` has them (one teacher-forced prefill each, no generation: a
+``responses.jsonl`` kept from another machine rebuilds its shards at prefill speed).
 
 Numerics: a batched decode runs the Q4_1 matmuls and flash attention over several rows at once.
 On the CPU, ggml gives a row of a batched pass the same values as a one-row pass while a
@@ -39,7 +41,7 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["BatchedCapture", "CapturedSequence", "generate_capture_shards"]
+__all__ = ["BatchedCapture", "CapturedSequence", "generate_capture_shards", "read_responses"]
 
 
 @dataclass
@@ -144,13 +146,14 @@ class BatchedCapture:
 
     # -- generation
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
                  keys: Optional[Sequence] = None) -> Iterator[CapturedSequence]:
         """Greedy answers with features, yielded in order of completion.
 
         Args:
             prompts: Token ids of each prompt (``0 < len < n_ctx_seq``, ``len <= n_batch``).
-            max_new_tokens: Most generated tokens per answer (the EOG token counts).
+            max_new_tokens: Most generated tokens per answer (the EOG token counts); one for
+                all prompts or one per prompt.
             keys: Identify the prompts in the results (default: their index).
 
         Raises:
@@ -163,8 +166,11 @@ class BatchedCapture:
         keys = list(range(len(prompts))) if keys is None else list(keys)
         if len(keys) != len(prompts):
             raise ValueError("keys and prompts differ in length")
+        limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        if len(limits) != len(prompts):
+            raise ValueError("max_new_tokens and prompts differ in length")
         for i, p in enumerate(prompts):
-            nat.submit(i, list(p), int(max_new_tokens))
+            nat.submit(i, list(p), int(limits[i]))
         try:
             while not nat.idle:
                 for i, prompt, response, features, why in nat.step():
@@ -192,13 +198,46 @@ def _log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def read_responses(path: str | Path) -> dict[int, dict]:
+    """The answers a capture recorded (``responses.jsonl``, or a gzipped copy ``*.jsonl.gz``):
+    ``{i: {"i", "prompt", "response", "stop_reason"[, "family"]}}``, a later line for the same
+    ``i`` replacing an earlier one. A missing file is an empty record; a line cut by a killed
+    run (the last one) is skipped.
+
+    Raises:
+        ValueError: a line before the last one is not a JSON object with ``i``, ``prompt`` and
+        ``response``.
+    """
+    import gzip
+
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    out: dict[int, dict] = {}
+    for n, line in enumerate(lines):
+        try:
+            r = json.loads(line)
+            if not (isinstance(r["prompt"], list) and isinstance(r["response"], list)):
+                raise TypeError("prompt and response must be lists of token ids")
+            out[int(r["i"])] = r
+        except (ValueError, KeyError, TypeError) as e:
+            if n == len(lines) - 1:
+                break  # the line a killed run was writing
+            raise ValueError(f"{path}, line {n + 1}: not a recorded answer ({e})") from None
+    return out
+
+
 def generate_capture_shards(target_gguf: str | Path, prompts: Sequence[str], out_dir: str | Path,
                             target_layer_ids: Sequence[int], *, max_new_tokens: int = 256,
                             seqs_per_shard: int = 128, n_parallel: int = 16, n_ctx_seq: int = 1024,
                             n_batch: int = 2048, n_threads: Optional[int] = None, n_gpu_layers: int = 0,
                             capture: str = "auto", progress: bool = True, source: str = "",
                             max_shards: Optional[int] = None,
-                            families: Optional[Sequence[str]] = None) -> list[Path]:
+                            families: Optional[Sequence[str]] = None,
+                            responses: Optional[str | Path] = None) -> list[Path]:
     """Feature shards of the target's greedy answers to ``prompts`` (user messages, the order
     given), ``seqs_per_shard`` prompts per shard; resumable.
 
@@ -209,11 +248,20 @@ def generate_capture_shards(target_gguf: str | Path, prompts: Sequence[str], out
     ``prompt``, ``response``) as it finishes. Logs tokens/s per shard to stderr. Returns all
     shard paths. ``families``: the prompt family of each prompt (the mix's math / code / chat),
     kept per sequence in the shards (held-out tau per family) and in ``responses.jsonl``.
-    Other arguments: :class:`BatchedCapture`.
+
+    Answers already recorded (in ``<out_dir>/responses.jsonl``, or in ``responses``: a
+    ``responses.jsonl[.gz]`` kept from an earlier machine) are not generated again: prompt +
+    answer go through the target in one teacher-forced prefill (features of every row, the same
+    decode calls as the others), which costs a prompt's prefill instead of one decode per
+    answer token. A recorded answer is used only when its prompt ids equal this prompt's
+    rendering (the same position ``i`` of the same prompt order); the last row's features come
+    from the token the target itself picks there, so when that is not the recorded last token
+    (a near-tie under other batch shapes) the sequence is kept without it. Other arguments:
+    :class:`BatchedCapture`.
 
     Raises:
         ValueError: an existing shard holds other target layers; a prompt does not fit;
-        ``families`` is not one per prompt.
+        ``families`` is not one per prompt; a responses file is damaged (:func:`read_responses`).
     """
     from .data import ShardMeta, read_shard_meta, write_shard
 
@@ -221,6 +269,8 @@ def generate_capture_shards(target_gguf: str | Path, prompts: Sequence[str], out
     if families is not None and len(families) != len(prompts):
         raise ValueError(f"{len(families)} families for {len(prompts)} prompts: give one per prompt")
     out = Path(out_dir)
+    own = read_responses(out / "responses.jsonl")  # answers this folder already lists
+    recorded = {**(read_responses(responses) if responses else {}), **own}
     out.mkdir(parents=True, exist_ok=True)
     ids = tuple(int(k) for k in target_layer_ids)
     n_shards = (len(prompts) + seqs_per_shard - 1) // seqs_per_shard
@@ -253,18 +303,33 @@ def generate_capture_shards(target_gguf: str | Path, prompts: Sequence[str], out
                 shard_of[i] = k
                 need.append(i)
         ptoks = {i: gen.chat_prompt_ids(prompts[i]) for i in need}
+        # a recorded answer to this very prompt: feed prompt + answer (but its last token), let
+        # the target pick one token (its row is the last one's features)
+        forced = {i: recorded[i]["response"] for i in need
+                  if i in recorded and recorded[i]["prompt"] == ptoks[i] and recorded[i]["response"]}
+        inputs = [ptoks[i] + forced[i][:-1] if i in forced else ptoks[i] for i in need]
+        limits = [1 if i in forced else max_new_tokens for i in need]
         rows: dict[int, tuple] = {}
         t_start = time.perf_counter()
-        n_new = 0
+        n_new = n_forced = 0
         with open(out / "responses.jsonl", "a", encoding="utf-8") as rf:
-            for seq in gen.generate([ptoks[i] for i in need], max_new_tokens, keys=need):
+            for seq in gen.generate(inputs, limits, keys=need):
                 i = seq.key
                 fam = {"family": families[i]} if families is not None else {}
-                rf.write(json.dumps({"i": i, **fam, "prompt": seq.prompt, "response": seq.response,
-                                     "stop_reason": seq.stop_reason}) + "\n")
-                rf.flush()
-                rows[i] = (seq.prompt + seq.response, seq.features, len(seq.prompt), *fam.values())
-                n_new += len(seq.response)
+                prompt = ptoks[i]
+                if i in forced:
+                    response = forced[i] if seq.response == forced[i][-1:] else forced[i][:-1]
+                    n_forced += len(response)
+                    stop = recorded[i].get("stop_reason", "")
+                else:
+                    response, stop = seq.response, seq.stop_reason
+                    n_new += len(response)
+                if i not in own or i not in forced:  # responses.jsonl lists every answer once
+                    rf.write(json.dumps({"i": i, **fam, "prompt": prompt, "response": response,
+                                         "stop_reason": stop}) + "\n")
+                    rf.flush()
+                n = len(prompt) + len(response)
+                rows[i] = (prompt + response, seq.features[:n], len(prompt), *fam.values())
                 if bar is not None:
                     bar.update(1)
                 k = shard_of[i]
@@ -275,7 +340,8 @@ def generate_capture_shards(target_gguf: str | Path, prompts: Sequence[str], out
                 write_shard(paths[k], [rows.pop(j) for j in range(lo, hi)], meta)
                 dt = time.perf_counter() - t_start
                 _log(f"shard {k}: {hi - lo} sequences -> {paths[k].name}; {n_new} new tokens in {dt:.0f} s "
-                     f"= {n_new / dt:.1f} new tok/s ({n_parallel} parallel, capture {gen.capture_path})")
+                     f"= {n_new / dt:.1f} new tok/s, {n_forced} recorded answer tokens teacher-forced "
+                     f"({n_parallel} parallel, capture {gen.capture_path})")
     if bar is not None:
         bar.close()
     return paths
