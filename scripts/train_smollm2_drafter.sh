@@ -3,7 +3,9 @@
 #
 #   scripts/train_smollm2_drafter.sh data      # background: responses + features -> shards
 #       (PROMPTS=gsm8k-train by default; PROMPTS=mix: the math / code / chat mix, train/prompt_mix.py,
-#       each sequence tagged with its family, so fit logs held-out tau per family)
+#       each sequence tagged with its family, so fit logs held-out tau per family; its chat
+#       prompts reach ~1,100 tokens, hence N_CTX=1536 cells per sequence); RESPONSES=FILE: the
+#       responses.jsonl[.gz] of an earlier machine's capture, teacher-forced instead of generated
 #   scripts/train_smollm2_drafter.sh fit       # background: train on the shards present (resumes)
 #   scripts/train_smollm2_drafter.sh both      # data, then fit as soon as MIN_SHARDS shards exist
 #   scripts/train_smollm2_drafter.sh export    # checkpoint -> HF folder -> q8_0 GGUF
@@ -25,8 +27,8 @@ SHAPE=(--layers 2 --target-layer-ids 1,14,27)
 
 data() {
   python -m dflash2_gguf.train capture --target "$TARGET" "${SHAPE[@]}" --prompts "${PROMPTS:-gsm8k-train}" \
-    --max-new-tokens 256 --batch-size ${BATCH:-32} --seqs-per-shard 64 --n-ctx 768 --threads 2 \
-    --out "$FEATS" --resume
+    --max-new-tokens 256 --batch-size ${BATCH:-32} --seqs-per-shard 64 --n-ctx ${N_CTX:-1536} --threads 2 \
+    --out "$FEATS" --resume ${RESPONSES:+--responses "$RESPONSES"}
 }
 
 fit() {
