@@ -126,7 +126,10 @@ def evaluate_tau(model: DFlash2Drafter, data: FeatureShards, cfg: TrainConfig) -
     by_family = {f: taus(f, cfg.seed + 2 + i) for i, f in enumerate(data.families)}
     model.train(was_training)
     bs = model.config.block_size
-    mean = lambda x: float(x.float().mean()) if len(x) else float("nan")  # noqa: E731
+
+    def mean(x: torch.Tensor) -> float:
+        return float(x.float().mean()) if len(x) else float("nan")
+
     ev = {"tau": mean(t), "tau_hist": torch.bincount(t, minlength=bs + 1)[1:].tolist(), "n_anchors": len(t)}
     if by_family:
         ev["tau_by_family"] = {f: mean(x) for f, x in by_family.items()}
