@@ -38,6 +38,8 @@ import platform
 from pathlib import Path
 from typing import Any, Optional
 
+from dflash2_gguf.bench_run import policy_summary
+
 KEEP_START, KEEP_END = "<!-- analysis -->", "<!-- /analysis -->"
 SWEEP_START, SWEEP_END = "<!-- sweep -->", "<!-- /sweep -->"
 _SET_ORDER = ["gsm8k", "math500", "humaneval", "mbpp", "mt-bench"]
@@ -199,7 +201,9 @@ def sweep_section(sweeps: list[dict], commands: str, old_block: str = "") -> str
     cm_lines = {_set_key(r["config"]["dataset"], _t(r)):
                 f"- {r['config']['dataset']} T={_t(r)}: verify "
                 + ", ".join(f"{x:.1f}" for x in cm.get("verify_ms", [])) + f" ms for 1.. rows; drafter pass "
-                f"{cm.get('draft_ms', float('nan')):.1f} ms" for r in sweeps if (cm := r.get("cost_model"))}
+                f"{cm.get('draft_ms', float('nan')):.1f} ms"
+                + (f"; adaptive: {ps}" if (ps := policy_summary(r["rows"][-1])) else "")
+                for r in sweeps if (cm := r.get("cost_model"))}
     cmds = {_set_key(_flag(ln, "--dataset"), _flag(ln, "--temp") or "0"): ln.rstrip()
             for ln in commands.strip().splitlines() if ln.strip()}
     n_kept = len(kept.rows)
@@ -220,7 +224,8 @@ def sweep_section(sweeps: list[dict], commands: str, old_block: str = "") -> str
         "",
         sweep_table(sweeps, kept),
         "",
-        "Cost models in use at the end of each run (measured at load, then updated online):",
+        "Cost models in use at the end of each run (measured at load, then updated online), and what the "
+        "adaptive policy did:",
         "",
         *_merged(cm_lines, kept.cost_lines),
         SWEEP_END,

@@ -18,7 +18,7 @@ from .bench_stats import RequestResult, first_mismatch, nan_to_none, run_dict, s
 from .chat import chat_prompt_ids
 from .prompt_sets import load_prompts
 
-__all__ = ["run_sweep", "sweep_markdown", "run_bench", "ComparisonFailed"]
+__all__ = ["run_sweep", "sweep_markdown", "policy_summary", "run_bench", "ComparisonFailed"]
 
 
 class ComparisonFailed(RuntimeError):
@@ -182,17 +182,24 @@ def run_sweep(
     """Tokens/s of every draft-length policy on the same requests, in one run (issue 14): the
     target alone, every fixed k = 1..n_max (k = n_max is the fixed full block) and the adaptive
     policy, each request run by every configuration back to back (so drift in machine speed hits
-    all alike). First turns of ``dataset`` only.
+    all alike). The target alone and the adaptive policy run next to each other (alone, adaptive,
+    k = 1..n_max; the reverse every other request): their ratio is the one the adaptive policy is
+    judged by, and runs seconds apart see the same machine. First turns of ``dataset`` only.
 
     Returns:
         ``{"config": ..., "cost_model": {...}, "rows": [{"name", "tokens", "seconds",
         "tokens_per_second", "acceptance_length", "ratio_vs_alone", "overall_tokens_per_second",
-        "overall_ratio_vs_alone", "departed"}, ...], "adaptive_vs_best_fixed": float,
-        "adaptive_vs_alone": float, "identical": bool}``; tokens / seconds / tokens_per_second:
-        the decode phase (after the first token); ``overall_*``: every token over the whole
-        request, prefill included; ``departed`` (T = 0): requests whose tokens are not the target
-        alone's (README, "Exactness at T = 0": a batched verify row and a one-token decode can
-        part past 256 cells); ``identical`` (T = 0): no request departed in any configuration.
+        "overall_ratio_vs_alone", "departed", "cycles", "k_hist", "drafter_skipped",
+        "draft_inject_seconds"}, ...], "adaptive_vs_best_fixed": float, "adaptive_vs_alone": float,
+        "identical": bool}``, rows in the order target alone, k = 1..n_max, adaptive;
+        tokens / seconds / tokens_per_second: the decode phase (after the first token);
+        ``overall_*``: every token over the whole request, prefill included; ``departed``
+        (T = 0): requests whose tokens are not the target alone's (README, "Exactness at T = 0":
+        a batched verify row and a one-token decode can part past 256 cells); ``identical``
+        (T = 0): no request departed in any configuration; ``k_hist[k]``: cycles that verified k
+        drafts; ``drafter_skipped``: cycles in which the adaptive gate skipped the drafter;
+        ``draft_inject_seconds``: time in drafter passes and feature injection (what drafting
+        costs beyond the target's passes).
     """
     from .api import DFlashDecoder
     from .sampling import SamplingParams
@@ -207,8 +214,12 @@ def run_sweep(
                     for k in range(1, nmax + 1)]
         configs += [("adaptive", dict(adaptive=True))]
         dec.generate(messages=[{"role": "user", "content": prompts[0]}], max_tokens=8)  # warm-up + cost model
+        # the target alone and the adaptive policy side by side, then the fixed k
+        order = [configs[0], configs[-1]] + configs[1:-1]
         # per configuration: decode tokens, decode seconds, committed in cycles, cycles, all tokens, all seconds
         acc = {name: [0, 0.0, 0, 0, 0, 0.0] for name, _ in configs}
+        # per configuration: k histogram, cycles without the drafter, drafter + injection seconds
+        policy = {name: dict(k_hist=[], drafter_skipped=0, draft_inject_seconds=0.0) for name, _ in configs}
         departed = {name: 0 for name, _ in configs}
         identical = True
         bar = None
@@ -224,7 +235,7 @@ def run_sweep(
             tokens = {}
             # every other request runs the configurations in reverse order: a drift in machine
             # speed during a request then hits the first and the last alike
-            for name, extra in (configs if i % 2 == 0 else configs[::-1]):
+            for name, extra in (order if i % 2 == 0 else order[::-1]):
                 r = dec.generate(ids, max_tokens=max_new_tokens, sampling=sp, cache_prompt=False, **extra)
                 a = acc[name]
                 a[0] += r.stats.n_generated - 1  # decode phase: the first token comes from the prefill
@@ -233,6 +244,13 @@ def run_sweep(
                 a[3] += r.stats.n_cycles
                 a[4] += r.stats.n_generated
                 a[5] += r.stats.t_total_s
+                pol = policy[name]
+                kh = pol["k_hist"]
+                kh.extend([0] * (len(r.stats.k_hist) - len(kh)))
+                for k, n in enumerate(r.stats.k_hist):
+                    kh[k] += n
+                pol["drafter_skipped"] += r.stats.n_drafter_skipped
+                pol["draft_inject_seconds"] += r.stats.t_draft_s + r.stats.t_inject_s
                 tokens[name] = r.tokens
                 if bar is not None:
                     bar.update(1)
@@ -248,7 +266,7 @@ def run_sweep(
         rows.append(dict(name=name, tokens=tok, seconds=sec, tokens_per_second=tok / sec if sec else 0.0,
                          acceptance_length=com / cyc if cyc else 0.0,
                          overall_tokens_per_second=tok_all / sec_all if sec_all else 0.0,
-                         departed=departed[name]))
+                         departed=departed[name], cycles=cyc, **policy[name]))
     alone, alone_all = rows[0]["tokens_per_second"], rows[0]["overall_tokens_per_second"]
     for r in rows:
         r["ratio_vs_alone"] = r["tokens_per_second"] / alone if alone else 0.0
@@ -259,6 +277,20 @@ def run_sweep(
                 cost_model=cost, rows=rows, identical=identical,
                 adaptive_vs_best_fixed=rows[-1]["tokens_per_second"] / best_fixed if best_fixed else 0.0,
                 adaptive_vs_alone=rows[-1]["ratio_vs_alone"])
+
+
+def policy_summary(row: dict) -> str:
+    """What one sweep row's policy did, in words: cycles that ran the drafter, the k histogram and
+    the share of its decode time spent in drafter passes and feature injection; "" for rows from
+    sweeps that did not record it."""
+    if "k_hist" not in row or not row.get("cycles"):
+        return ""
+    cyc = row["cycles"]
+    ran = cyc - row["drafter_skipped"]
+    hist = ", ".join(f"{k}: {n}" for k, n in enumerate(row["k_hist"]) if n)
+    share = row["draft_inject_seconds"] / row["seconds"] if row["seconds"] else 0.0
+    return (f"drafter ran in {ran} of {cyc} cycles, k histogram {{{hist}}}, drafter passes + feature "
+            f"injection {100 * share:.2f}% of its decode time")
 
 
 def sweep_markdown(rep: dict) -> str:
@@ -272,6 +304,8 @@ def sweep_markdown(rep: dict) -> str:
                      f"{r['acceptance_length']:.2f} |")
     lines += ["", f"adaptive / target alone = {rep['adaptive_vs_alone']:.3f}; "
               f"adaptive / best fixed k = {rep['adaptive_vs_best_fixed']:.3f}"]
+    if summary := policy_summary(rep["rows"][-1]):
+        lines.append(f"adaptive: {summary}")
     if c["temperature"] == 0:
         lines.append(f"T = 0 texts identical across configurations: {rep['identical']}")
     cm = rep.get("cost_model")

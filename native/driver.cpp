@@ -510,7 +510,14 @@ Chunk Engine::step() {
         return true;
     };
     if (run_drafter) {
-        flush_pending();
+        // the features that waited while the gate was closed go in first; their injection is
+        // timed as injection, not as the drafter pass (the cost model's draft_ms is one block pass)
+        if (n_pending_ > 0) {
+            flush_pending();
+            const double t_flush = now_ms();
+            stats_.t_inject_ms += t_flush - t0;
+            t0 = t_flush;
+        }
         k = dft_->draft(anchor, P, k_max, gp_.sampling, state_, rng_, keep, drafts_);
         draft_ms = now_ms() - t0;
         stats_.t_draft_ms += draft_ms;

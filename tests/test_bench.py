@@ -256,6 +256,11 @@ def test_bench_sweep_cli_and_report_section(native_ext, smollm2_gguf, smollm2_dr
     assert math.isclose(rep["adaptive_vs_alone"], ad["tokens_per_second"] / rep["rows"][0]["tokens_per_second"])
     best = max(r["tokens_per_second"] for r in rep["rows"][1:-1])
     assert math.isclose(rep["adaptive_vs_best_fixed"], ad["tokens_per_second"] / best)
+    for r in rep["rows"]:  # what each policy did: one k per cycle, never more than its n_max
+        assert sum(r["k_hist"]) == r["cycles"] > 0 and r["draft_inject_seconds"] >= 0
+    assert rep["rows"][0]["k_hist"] == [rep["rows"][0]["cycles"]] and rep["rows"][0]["draft_inject_seconds"] == 0
+    for k, r in enumerate(rep["rows"][1:-1], start=1):
+        assert len(r["k_hist"]) - 1 == k and r["drafter_skipped"] == 0 and r["draft_inject_seconds"] > 0
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks import report as br
@@ -275,6 +280,8 @@ def test_bench_sweep_cli_and_report_section(native_ext, smollm2_gguf, smollm2_dr
     assert cells[11] == f"**{ad['ratio_vs_alone']:.3f}**" and cells[13] == f"{rep['adaptive_vs_best_fixed']:.3f}"
     assert all(r["departed"] == 0 for r in rep["rows"])  # 12 tokens: within 256 cells, every row exact
     assert cells[-1] == "0 / 0" and "--sweep --dataset gsm8k" in text
+    ran = ad["cycles"] - ad["drafter_skipped"]
+    assert f"; adaptive: drafter ran in {ran} of {ad['cycles']} cycles, k histogram {{0: {ad['k_hist'][0]}" in text
 
 
 def _fake_sweep(dataset: str, temperature: float, alone: float, adaptive: float) -> dict:
@@ -284,7 +291,8 @@ def _fake_sweep(dataset: str, temperature: float, alone: float, adaptive: float)
     rows += [dict(name=f"fixed k={k}", tokens_per_second=alone / (k + 1), ratio_vs_alone=1 / (k + 1),
                   acceptance_length=1.2, overall_ratio_vs_alone=1 / (k + 1), departed=0) for k in range(1, 8)]
     rows += [dict(name="adaptive", tokens_per_second=alone * adaptive, ratio_vs_alone=adaptive, acceptance_length=1.0,
-                  overall_ratio_vs_alone=adaptive, departed=0)]
+                  overall_ratio_vs_alone=adaptive, departed=0, seconds=40.0, cycles=3000, k_hist=[2990, 0, 10],
+                  drafter_skipped=2980, draft_inject_seconds=0.1)]
     return dict(config=dict(dataset=dataset, n_prompts=30, max_new_tokens=128, temperature=temperature),
                 rows=rows, identical=True, adaptive_vs_best_fixed=adaptive * 2, adaptive_vs_alone=adaptive,
                 cost_model=dict(verify_ms=[float(r) for r in range(1, 9)], draft_ms=9.0))
@@ -326,5 +334,8 @@ def test_sweeps_only_keeps_rows_whose_run_is_gone(tmp_path):
     assert [ln.split(":")[0] for ln in text.splitlines() if ln.startswith("- ") and " T=" in ln] == \
         ["- gsm8k T=0", "- math500 T=0", "- mbpp T=1"]
     assert "1 of the rows come from earlier runs" in text and text.endswith("## Summary\n\nold figures\n")
+    policy = ("; adaptive: drafter ran in 20 of 3000 cycles, k histogram {0: 2990, 2: 10}, drafter passes + "
+              "feature injection 0.25% of its decode time")
+    assert sum(ln.endswith(policy) for ln in text.splitlines()) == 3  # the kept gsm8k line too
     assert br.main(["--runs", str(second), "--out", str(bm), "--sweeps-only"]) == 0
     assert bm.read_text() == text
