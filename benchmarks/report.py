@@ -211,8 +211,9 @@ def sweep_section(sweeps: list[dict], commands: str, old_block: str = "") -> str
         SWEEP_START,
         "## Draft length: target alone, every fixed k, adaptive",
         "",
-        f"Each request runs every configuration back to back through one decoder (the order reversed "
-        f"every other request), {c0['max_new_tokens']} new tokens, first turns only; tokens/s of the decode "
+        f"Each request runs every configuration back to back through one decoder (the target alone "
+        f"and the adaptive policy twice, side by side, in the order alone, adaptive, adaptive, alone or "
+        f"its mirror, then the fixed k, the order reversed every other request), {c0['max_new_tokens']} new tokens, first turns only; tokens/s of the decode "
         "phase (tokens after the first / time after the prefill) unless marked; the k columns and "
         "\"adaptive\" are ratios to the target alone. Machine: " + machine()
         + (f" ({n_kept} of the rows come from earlier runs of the same command on a machine of the same "

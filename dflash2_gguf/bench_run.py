@@ -182,9 +182,12 @@ def run_sweep(
     """Tokens/s of every draft-length policy on the same requests, in one run (issue 14): the
     target alone, every fixed k = 1..n_max (k = n_max is the fixed full block) and the adaptive
     policy, each request run by every configuration back to back (so drift in machine speed hits
-    all alike). The target alone and the adaptive policy run next to each other (alone, adaptive,
-    k = 1..n_max; the reverse every other request): their ratio is the one the adaptive policy is
-    judged by, and runs seconds apart see the same machine. First turns of ``dataset`` only.
+    all alike). The target alone and the adaptive policy, whose ratio is the one the adaptive
+    policy is judged by, run twice per request in a counterbalanced order: alone, adaptive,
+    adaptive, alone, then k = 1..n_max; every other request adaptive, alone, alone, adaptive,
+    then k = n_max..1 (a drift in machine speed that is linear over four runs cancels, and each
+    of the two runs first after a fixed-k run as often as the other). First turns of
+    ``dataset`` only.
 
     Returns:
         ``{"config": ..., "cost_model": {...}, "rows": [{"name", "tokens", "seconds",
@@ -214,8 +217,9 @@ def run_sweep(
                     for k in range(1, nmax + 1)]
         configs += [("adaptive", dict(adaptive=True))]
         dec.generate(messages=[{"role": "user", "content": prompts[0]}], max_tokens=8)  # warm-up + cost model
-        # the target alone and the adaptive policy side by side, then the fixed k
-        order = [configs[0], configs[-1]] + configs[1:-1]
+        # the target alone (A) and the adaptive policy (B) side by side, ABBA / BAAB, then the fixed k
+        abba = [configs[0], configs[-1], configs[-1], configs[0]]
+        baab = [configs[-1], configs[0], configs[0], configs[-1]]
         # per configuration: decode tokens, decode seconds, committed in cycles, cycles, all tokens, all seconds
         acc = {name: [0, 0.0, 0, 0, 0, 0.0] for name, _ in configs}
         # per configuration: k histogram, cycles without the drafter, drafter + injection seconds
@@ -226,16 +230,14 @@ def run_sweep(
         if progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(prompts) * len(configs), desc=f"sweep {dataset}", unit="run", file=sys.stderr)
+            bar = tqdm(total=len(prompts) * (len(configs) + 2), desc=f"sweep {dataset}", unit="run", file=sys.stderr)
         for i, q in enumerate(prompts):
             ids = chat_prompt_ids(dec, [{"role": "user", "content": q}])
             if len(ids) + max_new_tokens + dec.block_size + 1 > n_ctx:
                 continue
             sp = SamplingParams(temperature=float(temperature), top_k=0, top_p=1.0, min_p=0.0, seed=seed + i)
             tokens = {}
-            # every other request runs the configurations in reverse order: a drift in machine
-            # speed during a request then hits the first and the last alike
-            for name, extra in (order if i % 2 == 0 else order[::-1]):
+            for name, extra in (abba + configs[1:-1] if i % 2 == 0 else baab + configs[-2:0:-1]):
                 r = dec.generate(ids, max_tokens=max_new_tokens, sampling=sp, cache_prompt=False, **extra)
                 a = acc[name]
                 a[0] += r.stats.n_generated - 1  # decode phase: the first token comes from the prefill
