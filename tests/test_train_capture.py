@@ -220,6 +220,31 @@ def test_shards_round_trip_and_resume(tmp_path, smollm2_gguf, engine_reference):
         generate_capture_shards(smollm2_gguf, PROMPTS, out, [2, 14, 27], **kw)
 
 
+def test_prompts_too_long_are_skipped(tmp_path, smollm2_gguf, engine_reference, capsys):
+    """A prompt that leaves no room for a full answer (here: longer than n_batch = 48 tokens) is
+    skipped, not fatal: its shard holds the rest of its range, a shard of skipped prompts only is
+    not written, the run logs how many and how to keep them, and a rerun has nothing left to do."""
+    from dflash2_gguf.train.data import FeatureShards
+    from dflash2_gguf.train.generate import generate_capture_shards
+
+    long_prompt = "Summarise: " + "the quick brown fox jumps over the lazy dog " * 8
+    prompts = PROMPTS + [long_prompt, long_prompt + "again"]
+    kw = dict(max_new_tokens=N_NEW, seqs_per_shard=2, progress=False, **SMALL)
+    out = tmp_path / "feats"
+    paths = generate_capture_shards(smollm2_gguf, prompts, out, IDS, **kw)
+    assert [p.name for p in paths] == ["shard-00000.safetensors", "shard-00001.safetensors"]
+    assert not (out / "shard-00002.safetensors").exists()
+    assert "skipping 2 of 5 prompts longer than 48 tokens" in capsys.readouterr().err
+    data = FeatureShards(paths)
+    assert len(data) == 3 and [n for _, _, n, _ in data.index][-1] == \
+        len(engine_reference[2][0]) + len(engine_reference[2][1])
+    rows = [json.loads(x) for x in (out / "responses.jsonl").read_text().splitlines()]
+    assert sorted(r["i"] for r in rows) == [0, 1, 2]
+    mtimes = [p.stat().st_mtime_ns for p in paths]
+    assert generate_capture_shards(smollm2_gguf, prompts, out, IDS, **kw) == paths
+    assert [p.stat().st_mtime_ns for p in paths] == mtimes
+
+
 def test_cli_capture_writes_and_resumes(tmp_path, smollm2_gguf):
     """``python -m dflash2_gguf.train capture`` runs the native path; an existing output needs
     --resume (nothing left to do then) or --force."""

@@ -245,9 +245,10 @@ def generate_capture_shards(target_gguf: str | Path, prompts: Sequence[str], out
     are kept (they must come from the same prompt order and ``seqs_per_shard``; their layer ids
     are checked) and only the missing ones are made, in one continuous-batching run
     (:class:`BatchedCapture`). Every answer is appended to ``<out_dir>/responses.jsonl`` (``i``,
-    ``prompt``, ``response``) as it finishes. Logs tokens/s per shard to stderr. Returns all
-    shard paths. ``families``: the prompt family of each prompt (the mix's math / code / chat),
-    kept per sequence in the shards (held-out tau per family) and in ``responses.jsonl``.
+    ``prompt``, ``response``) as it finishes. Logs tokens/s per shard to stderr. Returns the
+    paths of all shards (but one whose prompts were all skipped). ``families``: the prompt family
+    of each prompt (the mix's math / code / chat), kept per sequence in the shards (held-out tau
+    per family) and in ``responses.jsonl``.
 
     Answers already recorded (in ``<out_dir>/responses.jsonl``, or in ``responses``: a
     ``responses.jsonl[.gz]`` kept from an earlier machine) are not generated again: prompt +
@@ -259,9 +260,14 @@ def generate_capture_shards(target_gguf: str | Path, prompts: Sequence[str], out
     (a near-tie under other batch shapes) the sequence is kept without it. Other arguments:
     :class:`BatchedCapture`.
 
+    A prompt whose rendering leaves less than ``max_new_tokens`` cells of ``n_ctx_seq`` (or is
+    longer than ``n_batch``) is skipped, with a count logged: its shard holds the other
+    sequences of its range (the same ones on every rerun). A shard whose prompts are all skipped
+    is not written.
+
     Raises:
-        ValueError: an existing shard holds other target layers; a prompt does not fit;
-        ``families`` is not one per prompt; a responses file is damaged (:func:`read_responses`).
+        ValueError: an existing shard holds other target layers; ``families`` is not one per
+        prompt; a responses file is damaged (:func:`read_responses`).
     """
     from .data import ShardMeta, read_shard_meta, write_shard
 
@@ -295,14 +301,27 @@ def generate_capture_shards(target_gguf: str | Path, prompts: Sequence[str], out
         meta = ShardMeta(ids, gen.n_embd, gen.n_vocab, target=Path(target_gguf).name,
                          source=source or f"greedy batched ({n_parallel} parallel) "
                                           f"max_new_tokens={max_new_tokens} capture={gen.capture_path}")
-        shard_of, left, need = {}, {}, []
+        shard_of, left, need, ptoks, too_long = {}, {}, [], {}, []
+        room = min(n_ctx_seq - max_new_tokens, n_batch)  # longest prompt that leaves a full answer
         for k in todo:
             lo, hi = k * seqs_per_shard, min(len(prompts), (k + 1) * seqs_per_shard)
-            left[k] = hi - lo
+            left[k] = 0
             for i in range(lo, hi):
+                ptoks[i] = gen.chat_prompt_ids(prompts[i])
+                if not 0 < len(ptoks[i]) <= room:
+                    too_long.append(i)
+                    continue
                 shard_of[i] = k
+                left[k] += 1
                 need.append(i)
-        ptoks = {i: gen.chat_prompt_ids(prompts[i]) for i in need}
+        if too_long:
+            _log(f"skipping {len(too_long)} of {len(ptoks)} prompts longer than {room} tokens "
+                 f"(n_ctx_seq {n_ctx_seq} - max_new_tokens {max_new_tokens}, at most n_batch "
+                 f"{n_batch}), e.g. prompt {too_long[0]} ({len(ptoks[too_long[0]])} tokens): raise "
+                 "n_ctx_seq to keep them")
+        if bar is not None:
+            bar.total -= len(too_long)
+            bar.refresh()
         # a recorded answer to this very prompt: feed prompt + answer (but its last token), let
         # the target pick one token (its row is the last one's features)
         forced = {i: recorded[i]["response"] for i in need
@@ -337,11 +356,12 @@ def generate_capture_shards(target_gguf: str | Path, prompts: Sequence[str], out
                 if left[k]:
                     continue
                 lo, hi = k * seqs_per_shard, min(len(prompts), (k + 1) * seqs_per_shard)
-                write_shard(paths[k], [rows.pop(j) for j in range(lo, hi)], meta)
+                seqs = [rows.pop(j) for j in range(lo, hi) if j in rows]  # skipped prompts: none
+                write_shard(paths[k], seqs, meta)
                 dt = time.perf_counter() - t_start
-                _log(f"shard {k}: {hi - lo} sequences -> {paths[k].name}; {n_new} new tokens in {dt:.0f} s "
+                _log(f"shard {k}: {len(seqs)} sequences -> {paths[k].name}; {n_new} new tokens in {dt:.0f} s "
                      f"= {n_new / dt:.1f} new tok/s, {n_forced} recorded answer tokens teacher-forced "
                      f"({n_parallel} parallel, capture {gen.capture_path})")
     if bar is not None:
         bar.close()
-    return paths
+    return [p for p in paths if p.exists()]
