@@ -32,12 +32,14 @@ data() {
 }
 
 fit() {
-  # shard-00000 is held out (greedy tau on it is logged); training re-globs the other shards
-  # every 100 steps while capture is still writing them
+  # HELD_OUT (a glob, default shard-00000) is held out (greedy tau on it is logged, per prompt
+  # family for the mix); training re-globs the other shards every 100 steps while capture is
+  # still writing them. INIT=HF_FOLDER starts from those weights (e.g. models/SmolLM2-135M-DFlash2),
+  # WD sets AdamW's weight decay.
   python -m dflash2_gguf.train fit --target "$TARGET" "${SHAPE[@]}" --block-size 8 \
     --selector-rank 128 --selector-top-k 16 --vocab data --shards "$FEATS/shard-*.safetensors" \
-    --reload-shards-every 100 \
-    --eval-shards "$FEATS/shard-00000.safetensors" --eval-every ${EVAL_EVERY:-200} \
+    --reload-shards-every 100 ${INIT:+--init "$INIT"} --weight-decay ${WD:-0} \
+    --eval-shards "$FEATS/${HELD_OUT:-shard-00000.safetensors}" --eval-every ${EVAL_EVERY:-200} \
     --steps ${STEPS:-6000} --lr ${LR:-1e-3} --warmup 100 --batch-size ${BS:-4} --max-len 512 \
     --anchors ${ANCHORS:-16} --save-every ${SAVE_EVERY:-50} --threads 2 --out "$RUN"
 }

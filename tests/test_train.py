@@ -401,6 +401,38 @@ def test_weight_decay_applies_and_resume_takes_the_new_value(tmp_path):
     assert mats and sum(wd[k].norm() for k in mats) < sum(w0[k].norm() for k in mats)
 
 
+def test_fit_init_starts_from_an_exported_drafter(tmp_path):
+    """``fit --init FOLDER``: the run starts from the folder's weights (what ``export`` wrote,
+    float32 here) and trains on from them; a folder of another shape is refused, naming the field."""
+    import dataclasses
+
+    from dflash2_gguf.train.cli import _init_model, build_parser
+
+    assert build_parser().parse_args(["fit", "--target", "t.gguf", "--shards", "s", "--out", "o",
+                                      "--init", "hf"]).init == "hf"
+    cfg = _tiny()
+    src = random_drafter(cfg)
+    with torch.no_grad():  # weights no fresh run of this seed starts from
+        for q in src.parameters():
+            q.add_(0.05 * torch.randn(q.shape, generator=torch.Generator().manual_seed(q.numel())))
+    folder = export_hf(src, tmp_path / "hf", dtype="float32")
+    m = _init_model(str(folder), cfg)
+    assert all(torch.equal(m.state_dict()[k], v) for k, v in src.state_dict().items())
+    p = _synthetic_shard(tmp_path / "s.safetensors", cfg)
+    emb = torch.randn(V, H, generator=torch.Generator().manual_seed(0)) * 0.3
+    kw = dict(shards=[str(p)], steps=2, lr=1e-9, warmup_steps=0, batch_size=2, max_len=24,
+              anchors_per_seq=3, save_every=100, progress=False)
+    trained, _ = train(cfg, TrainConfig(out_dir=str(tmp_path / "run"), **kw), target_weights=(emb, None), model=m)
+    fresh, _ = train(cfg, TrainConfig(out_dir=str(tmp_path / "fresh"), **kw), target_weights=(emb, None))
+    w = src.state_dict()
+    assert torch.allclose(trained.fc.weight, w["fc.weight"], atol=1e-6)  # lr ~ 0: still the init
+    assert not torch.allclose(fresh.fc.weight, w["fc.weight"], atol=1e-2)  # a fresh run: other weights
+    with pytest.raises(SystemExit, match="block_size: 4 in .*, 8 here"):
+        _init_model(str(folder), dataclasses.replace(cfg, block_size=8))
+    with pytest.raises(SystemExit, match="no config.json"):
+        _init_model(str(tmp_path), cfg)
+
+
 def test_lr_schedule():
     f = lr_lambda(10, 110, 0.1)
     assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)

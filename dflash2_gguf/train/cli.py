@@ -119,6 +119,9 @@ def cmd_fit(args) -> int:
                                    target_layer_ids=_layer_ids(args, info.n_layers),
                                    mask_token_id=args.mask_token_id, selector_rank=args.selector_rank,
                                    selector_top_k=args.selector_top_k)
+    model = None
+    if args.init:
+        model = _init_model(args.init, cfg)
     tcfg = TrainConfig(shards=shards, out_dir=args.out, target_gguf=args.target, steps=args.steps,
                        lr=args.lr, warmup_steps=args.warmup, weight_decay=args.weight_decay,
                        batch_size=args.batch_size,
@@ -129,11 +132,31 @@ def cmd_fit(args) -> int:
                        eval_every=args.eval_every, vocab=args.vocab, threads=args.threads,
                        lr_total_steps=args.lr_total_steps, shard_globs=list(args.shards),
                        reload_every=args.reload_shards_every)
-    _, state = train(cfg, tcfg)
+    _, state = train(cfg, tcfg, model=model)
     last = next((h for h in reversed(state.history) if "loss" in h), {})
     tau = next((h for h in reversed(state.history) if "tau" in h), None)
     print(json.dumps({"step": state.step, "last": last, "eval": tau, "hf": str(Path(args.out) / "hf")}))
     return 0
+
+
+def _init_model(folder: str, cfg):
+    """The drafter of an authors'-format folder (``export``'s output, a shipped drafter) as the
+    starting weights of a new run; its config must equal the one this command line builds."""
+    import dataclasses
+
+    from .export import load_hf
+
+    if not (Path(folder) / "config.json").is_file():
+        raise SystemExit(f"--init {folder}: no config.json there (give a folder that `export` wrote, "
+                         "e.g. models/SmolLM2-135M-DFlash2)")
+    model = load_hf(folder)
+    have, want = dataclasses.asdict(model.config), dataclasses.asdict(cfg)
+    differ = [f"{k}: {have[k]!r} in {folder}, {want[k]!r} here" for k in want if have.get(k) != want[k]]
+    if differ:
+        raise SystemExit("--init: the checkpoint's shape differs from this run's (" + "; ".join(differ) +
+                         "): give the matching --layers / --target-layer-ids / --block-size / "
+                         "--selector-rank / --selector-top-k")
+    return model
 
 
 def cmd_export(args) -> int:
@@ -222,6 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--lr-total-steps", type=int, default=None,
                    help="steps of the cosine schedule (default --steps); lets --steps stop "
                         "earlier or later without changing the schedule")
+    f.add_argument("--init", default=None, metavar="HF_FOLDER",
+                   help="start from the weights of this authors'-format folder (export's output, e.g. "
+                        "models/SmolLM2-135M-DFlash2) instead of random ones; fresh optimizer and "
+                        "schedule; ignored when --out already holds checkpoint.pt (that resumes)")
     f.add_argument("--device", default="cpu")
     f.add_argument("--bf16", action="store_true", help="bfloat16 autocast (GPUs)")
     f.set_defaults(func=cmd_fit)
