@@ -215,9 +215,11 @@ def _file_id(path) -> Optional[list]:
 
 
 def _cost_models_path() -> Path:
+    """Where cost models and learnt policies are kept: ``$DFLASH2_GGUF_COST_MODELS``, else
+    ``<cache>/cost-models.json`` (``<cache>``: :func:`dflash2_gguf.assets.cache_dir`)."""
     from .assets import cache_dir
 
-    return cache_dir() / "cost-models.json"
+    return Path(os.environ.get("DFLASH2_GGUF_COST_MODELS") or cache_dir() / "cost-models.json")
 
 
 def _load_cost_models() -> dict:

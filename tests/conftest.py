@@ -10,6 +10,15 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import pytest  # noqa: E402
 
+# Cost models and learnt draft policies the tests produce (many keyed by temporary drafters) go
+# to a file of this test session, not to the user's ~/.cache/dflash2-gguf/cost-models.json, and
+# no test starts from what the user's own runs learnt. Inherited by the servers tests start.
+if "DFLASH2_GGUF_COST_MODELS" not in os.environ:
+    import tempfile
+
+    os.environ["DFLASH2_GGUF_COST_MODELS"] = os.path.join(
+        tempfile.mkdtemp(prefix="dflash2-gguf-cost-models-"), "cost-models.json")
+
 from dflash2_gguf import assets  # noqa: E402
 
 

@@ -198,7 +198,7 @@ def test_learnt_policy_outlives_the_decoder(native_ext, smollm2_gguf, tmp_path, 
 
     from dflash2_gguf import DFlashDecoder, SamplingParams
 
-    monkeypatch.setenv("DFLASH2_GGUF_CACHE", str(tmp_path))
+    monkeypatch.setenv("DFLASH2_GGUF_COST_MODELS", str(tmp_path / "cost-models.json"))
     shipped = Path(__file__).resolve().parent.parent / "models" / "smollm2-135m-dflash2.gguf"
     greedy = SamplingParams.greedy_params()
     msgs = [{"role": "user", "content": "Describe the water cycle."}]
@@ -234,7 +234,7 @@ def test_damaged_saved_cost_model_is_measured_again(native_ext, smollm2_gguf, sm
 
     from dflash2_gguf import DFlashDecoder, SamplingParams
 
-    monkeypatch.setenv("DFLASH2_GGUF_CACHE", str(tmp_path))
+    monkeypatch.setenv("DFLASH2_GGUF_COST_MODELS", str(tmp_path / "cost-models.json"))
     greedy = SamplingParams.greedy_params()
     kw = dict(n_ctx=512, n_threads=1, flash_attn=True)
     for bad in ({"verify_ms": [11.5, 0, 0, 0, 0, 0, 0, 72.0], "draft_ms": 15.0}, {"verify_ms": "x"}):
