@@ -422,7 +422,11 @@ def test_fit_init_starts_from_an_exported_drafter(tmp_path):
     emb = torch.randn(V, H, generator=torch.Generator().manual_seed(0)) * 0.3
     kw = dict(shards=[str(p)], steps=2, lr=1e-9, warmup_steps=0, batch_size=2, max_len=24,
               anchors_per_seq=3, save_every=100, progress=False)
-    trained, _ = train(cfg, TrainConfig(out_dir=str(tmp_path / "run"), **kw), target_weights=(emb, None), model=m)
+    trained, st = train(cfg, TrainConfig(out_dir=str(tmp_path / "run"), eval_shards=[str(p)], eval_every=2,
+                                         eval_batches=1, **kw), target_weights=(emb, None), model=m)
+    # the curve starts at step 0 with the init's held-out tau (lr ~ 0: the same at step 2)
+    (t0, t2) = [h for h in st.history if "tau" in h]
+    assert (t0["step"], t2["step"]) == (0, 2) and t0["tau"] == pytest.approx(t2["tau"], abs=1e-6)
     fresh, _ = train(cfg, TrainConfig(out_dir=str(tmp_path / "fresh"), **kw), target_weights=(emb, None))
     w = src.state_dict()
     assert torch.allclose(trained.fc.weight, w["fc.weight"], atol=1e-6)  # lr ~ 0: still the init

@@ -209,6 +209,16 @@ def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
 
         bar = tqdm(total=cfg.steps, initial=step, desc="dflash2 train", dynamic_ncols=True)
     eval_data = FeatureShards(cfg.eval_shards) if cfg.eval_shards else None
+
+    def log_eval() -> None:
+        ev = evaluate_tau(model, eval_data, cfg)
+        history.append({"step": step, **ev})
+        fam = "".join(f", {f} {x:.3f}" for f, x in ev.get("tau_by_family", {}).items())
+        if bar is not None:
+            bar.write(f"step {step}: greedy tau {ev['tau']:.3f} over {ev['n_anchors']} anchors{fam}")
+
+    if eval_data is not None and cfg.eval_every and step == 0:
+        log_eval()  # where the curve starts: random weights, or the drafter a run --init'ed from
     model.train()
     end = cfg.steps if cfg.stop_at is None else min(cfg.steps, cfg.stop_at)
     while step < end:
@@ -248,11 +258,7 @@ def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
                             "lr": sched.get_last_lr()[0]})
             win = {k: (0.0 if k == "loss" else 0 if k == "n" else torch.zeros(bs - 1)) for k in win}
         if eval_data is not None and ((cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps):
-            ev = evaluate_tau(model, eval_data, cfg)
-            history.append({"step": step, **ev})
-            if bar is not None:
-                fam = "".join(f", {f} {x:.3f}" for f, x in ev.get("tau_by_family", {}).items())
-                bar.write(f"step {step}: greedy tau {ev['tau']:.3f} over {ev['n_anchors']} anchors{fam}")
+            log_eval()
         if step % cfg.save_every == 0 or step == end:
             _save(ckpt, model, opt, sched, step, gen, history, model_cfg, cfg)
     if bar is not None:
