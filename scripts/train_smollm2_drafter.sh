@@ -3,9 +3,11 @@
 #
 #   scripts/train_smollm2_drafter.sh data      # background: responses + features -> shards
 #       (PROMPTS=gsm8k-train by default; PROMPTS=mix: the math / code / chat mix, train/prompt_mix.py,
-#       each sequence tagged with its family, so fit logs held-out tau per family; its chat
-#       prompts reach ~1,100 tokens, hence N_CTX=1536 cells per sequence); RESPONSES=FILE: the
-#       responses.jsonl[.gz] of an earlier machine's capture, teacher-forced instead of generated
+#       each sequence tagged with its family, so fit logs held-out tau per family; N_CTX=1536
+#       cells per sequence: the 40 chat prompts longer than 1280 tokens are skipped); RESPONSES=FILE:
+#       the responses.jsonl[.gz] of an earlier machine's capture, teacher-forced instead of
+#       generated (PROMPTS=mix: data/train/smollm2-mix-responses.jsonl.gz by default, if present)
+#   scripts/train_smollm2_drafter.sh keep      # feats/responses.jsonl -> that file (to commit)
 #   scripts/train_smollm2_drafter.sh fit       # background: train on the shards present (resumes)
 #   scripts/train_smollm2_drafter.sh both      # data, then fit as soon as MIN_SHARDS shards exist
 #   scripts/train_smollm2_drafter.sh export    # checkpoint -> HF folder -> q8_0 GGUF
@@ -24,6 +26,9 @@ mkdir -p "$WORK" "$FEATS" "$RUN"
 TARGET=$(python -c 'from dflash2_gguf.assets import fetch; print(fetch("smollm2-135m-instruct-q4_1"))')
 # drafter shape (docs/TRAINING.md): 2 layers, block 8, 3 target layers, selector rank 128 / top-k 16
 SHAPE=(--layers 2 --target-layer-ids 1,14,27)
+
+KEPT=data/train/smollm2-mix-responses.jsonl.gz  # the mix's answers, committed: they outlive the machine
+if [ "${PROMPTS:-}" = mix ] && [ -z "${RESPONSES:-}" ] && [ -f "$KEPT" ]; then RESPONSES=$KEPT; fi
 
 data() {
   python -m dflash2_gguf.train capture --target "$TARGET" "${SHAPE[@]}" --prompts "${PROMPTS:-gsm8k-train}" \
@@ -59,9 +64,25 @@ case "${1:-status}" in
     python -m dflash2_gguf.train export --run "$RUN" --out "$RUN/hf"
     python -m convert hf-to-gguf "$RUN/hf" --target "$TARGET" --outfile "$RUN/drafter-q8_0.gguf" --outtype q8_0
     ls -l "$RUN/drafter-q8_0.gguf" ;;
+  keep)
+    # every answer recorded so far (this machine's and the kept file's), one line per prompt,
+    # in prompt order; gzip -n: the same answers give the same bytes
+    mkdir -p "$(dirname "$KEPT")"
+    python - "$FEATS/responses.jsonl" "$KEPT" <<'PYEOF'
+import gzip, json, os, sys
+from dflash2_gguf.train.generate import read_responses
+rows = {**read_responses(sys.argv[2]), **read_responses(sys.argv[1])}
+tmp = sys.argv[2] + ".tmp"
+with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as f:
+    for i in sorted(rows):
+        f.write((json.dumps(rows[i]) + "\n").encode())
+os.replace(tmp, sys.argv[2])
+print(f"{len(rows)} answers -> {sys.argv[2]} ({os.path.getsize(sys.argv[2])} bytes)")
+PYEOF
+    ;;
   status)
     echo "shards: $(ls "$FEATS"/shard-*.safetensors 2>/dev/null | wc -l)  responses: $(wc -l < "$FEATS/responses.jsonl" 2>/dev/null || echo 0)"
     tail -n 3 "$WORK/data.log" 2>/dev/null | tr '\r' '\n' | tail -n 3 || true
     tail -c 600 "$RUN/fit.log" 2>/dev/null | tr '\r' '\n' | tail -n 3 || true ;;
-  *) echo "usage: $0 data|fit|both|export|status" >&2; exit 2 ;;
+  *) echo "usage: $0 data|fit|both|export|keep|status" >&2; exit 2 ;;
 esac
