@@ -6,12 +6,17 @@
 #       each sequence tagged with its family, so fit logs held-out tau per family; N_CTX=1536
 #       cells per sequence: the 40 chat prompts longer than 1280 tokens are skipped); RESPONSES=FILE:
 #       the responses.jsonl[.gz] of an earlier machine's capture, teacher-forced instead of
-#       generated (PROMPTS=mix: data/train/smollm2-mix-responses.jsonl.gz by default, if present)
+#       generated (PROMPTS=mix: data/train/smollm2-mix-responses.jsonl.gz by default, if present);
+#       SKIP=N FAMILIES=math,code: the rest of the mix past its first N prompts, those families,
+#       into $WORK/feats-from<N>-<families> (its kept answers: data/train/smollm2-mix-from<N>-...)
 #   scripts/train_smollm2_drafter.sh keep      # feats/responses.jsonl -> that file (to commit)
 #   scripts/train_smollm2_drafter.sh fit       # background: train on the shards present (resumes)
 #   scripts/train_smollm2_drafter.sh both      # data, then fit as soon as MIN_SHARDS shards exist
 #   scripts/train_smollm2_drafter.sh export    # checkpoint -> HF folder -> q8_0 GGUF
-#   scripts/train_smollm2_drafter.sh status    # last log lines, shard count
+#   scripts/train_smollm2_drafter.sh status    # last log lines, shard count per feats folder
+#
+# THREADS (default 2): threads of capture / fit; THREADS=1 for each lets the two run side by side on
+# 2 cores without their thread pools preempting each other.
 #
 # Everything lives in $WORK (default ~/.cache/dflash2-gguf/train/smollm2); rerunning a stage
 # resumes it (finished shards kept, training restarts from checkpoint.pt).
@@ -27,13 +32,24 @@ TARGET=$(python -c 'from dflash2_gguf.assets import fetch; print(fetch("smollm2-
 # drafter shape (docs/TRAINING.md): 2 layers, block 8, 3 target layers, selector rank 128 / top-k 16
 SHAPE=(--layers 2 --target-layer-ids 1,14,27)
 
-KEPT=data/train/smollm2-mix-responses.jsonl.gz  # the mix's answers, committed: they outlive the machine
+# SKIP=N FAMILIES=math,code (PROMPTS=mix): the mix past its first N prompts, those families only,
+# captured into their own folder $WORK/feats-from<N>-<families> (fit trains on every feats* folder)
+SKIP=${SKIP:-0}
+if [ "$SKIP" != 0 ] || [ -n "${FAMILIES:-}" ]; then
+  SUFFIX=from$SKIP${FAMILIES:+-${FAMILIES//,/-}}
+  FEATS_OUT=$WORK/feats-$SUFFIX
+  KEPT=data/train/smollm2-mix-$SUFFIX-responses.jsonl.gz
+else
+  FEATS_OUT=$FEATS
+  KEPT=data/train/smollm2-mix-responses.jsonl.gz  # the mix's answers, committed: they outlive the machine
+fi
 if [ "${PROMPTS:-}" = mix ] && [ -z "${RESPONSES:-}" ] && [ -f "$KEPT" ]; then RESPONSES=$KEPT; fi
 
 data() {
   python -m dflash2_gguf.train capture --target "$TARGET" "${SHAPE[@]}" --prompts "${PROMPTS:-gsm8k-train}" \
-    --max-new-tokens 256 --batch-size ${BATCH:-32} --seqs-per-shard 64 --n-ctx ${N_CTX:-1536} --threads 2 \
-    --out "$FEATS" --resume ${RESPONSES:+--responses "$RESPONSES"}
+    ${FAMILIES:+--families "$FAMILIES"} --skip "$SKIP" \
+    --max-new-tokens 256 --batch-size ${BATCH:-32} --seqs-per-shard 64 --n-ctx ${N_CTX:-1536} --threads ${THREADS:-2} \
+    --out "$FEATS_OUT" --resume ${RESPONSES:+--responses "$RESPONSES"}
 }
 
 fit() {
@@ -42,15 +58,15 @@ fit() {
   # still writing them. INIT=HF_FOLDER starts from those weights (e.g. models/SmolLM2-135M-DFlash2),
   # WD sets AdamW's weight decay.
   python -m dflash2_gguf.train fit --target "$TARGET" "${SHAPE[@]}" --block-size 8 \
-    --selector-rank 128 --selector-top-k 16 --vocab data --shards "$FEATS/shard-*.safetensors" \
+    --selector-rank 128 --selector-top-k 16 --vocab data --shards "$WORK"/'feats*/shard-*.safetensors' \
     --reload-shards-every 100 ${INIT:+--init "$INIT"} --weight-decay ${WD:-0} \
     --eval-shards "$FEATS/${HELD_OUT:-shard-00000.safetensors}" --eval-every ${EVAL_EVERY:-200} \
     --steps ${STEPS:-6000} --lr ${LR:-1e-3} --warmup 100 --batch-size ${BS:-4} --max-len 512 \
-    --anchors ${ANCHORS:-16} --save-every ${SAVE_EVERY:-50} --threads 2 --out "$RUN"
+    --anchors ${ANCHORS:-16} --save-every ${SAVE_EVERY:-50} --threads ${THREADS:-2} --out "$RUN"
 }
 
 case "${1:-status}" in
-  data) nohup bash "$0" _data >> "$WORK/data.log" 2>&1 & echo "data: pid $! log $WORK/data.log" ;;
+  data) nohup bash "$0" _data >> "$WORK/data.log" 2>&1 & echo "data: pid $! log $WORK/data.log -> $FEATS_OUT" ;;
   fit) nohup bash "$0" _fit >> "$RUN/fit.log" 2>&1 & echo "fit: pid $! log $RUN/fit.log" ;;
   both) nohup bash "$0" _both >> "$WORK/both.log" 2>&1 & echo "both: pid $! log $WORK/both.log" ;;
   _data) data ;;
@@ -68,7 +84,7 @@ case "${1:-status}" in
     # every answer recorded so far (this machine's and the kept file's), one line per prompt,
     # in prompt order; gzip -n: the same answers give the same bytes
     mkdir -p "$(dirname "$KEPT")"
-    python - "$FEATS/responses.jsonl" "$KEPT" <<'PYEOF'
+    python - "$FEATS_OUT/responses.jsonl" "$KEPT" <<'PYEOF'
 import gzip, json, os, sys
 from dflash2_gguf.train.generate import read_responses
 rows = {**read_responses(sys.argv[2]), **read_responses(sys.argv[1])}
@@ -81,7 +97,9 @@ print(f"{len(rows)} answers -> {sys.argv[2]} ({os.path.getsize(sys.argv[2])} byt
 PYEOF
     ;;
   status)
-    echo "shards: $(ls "$FEATS"/shard-*.safetensors 2>/dev/null | wc -l)  responses: $(wc -l < "$FEATS/responses.jsonl" 2>/dev/null || echo 0)"
+    for d in "$WORK"/feats*; do
+      echo "$(basename "$d"): shards $(ls "$d"/shard-*.safetensors 2>/dev/null | wc -l)  responses $(wc -l < "$d/responses.jsonl" 2>/dev/null || echo 0)"
+    done
     tail -n 3 "$WORK/data.log" 2>/dev/null | tr '\r' '\n' | tail -n 3 || true
     tail -c 600 "$RUN/fit.log" 2>/dev/null | tr '\r' '\n' | tail -n 3 || true ;;
   *) echo "usage: $0 data|fit|both|export|keep|status" >&2; exit 2 ;;

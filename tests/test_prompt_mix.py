@@ -72,3 +72,26 @@ def test_sharegpt_first_turns_reads_a_cut_file(tmp_path):
     bad.write_text('{"id": 1}')
     with pytest.raises(ValueError, match="not a ShareGPT JSON list"):
         sharegpt_first_turns(bad)
+
+
+def test_skip_and_families_continue_the_mix_without_repeating_a_prompt():
+    """`capture --prompts mix --skip N --families F`: the mix past its first N prompts, only the
+    families F, in the mix's order; none of the first N (the held-out shards among them) comes
+    back; other specs refuse the two options."""
+    from dflash2_gguf.train.cli import load_prompt_families
+    from dflash2_gguf.train.prompt_mix import prompt_mix
+
+    mix = prompt_mix()
+    head = {p for _, p in mix[:2629]}
+    prompts, fams = load_prompt_families("mix", skip=2629, families="math,code")
+    assert set(fams) == {"math", "code"} and len(prompts) == len(fams)
+    assert not head & set(prompts)
+    assert list(zip(fams, prompts)) == [(f, p) for f, p in mix[2629:] if f in ("math", "code")]
+    n_left = sum(f in ("math", "code") for f, _ in mix[2629:])
+    assert len(prompts) == n_left and n_left > 6000  # 7473 math + ~460 code, less the head's
+    code, _ = load_prompt_families("mix", 10, skip=2629, families="code")
+    assert code == [p for f, p in mix[2629:] if f == "code"][:10]
+    with pytest.raises(SystemExit, match="unknown family 'maths'"):
+        load_prompt_families("mix", skip=1, families="maths")
+    with pytest.raises(SystemExit, match="use --prompts mix"):
+        load_prompt_families("gsm8k-train", skip=10)

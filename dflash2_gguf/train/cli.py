@@ -35,15 +35,35 @@ from pathlib import Path
 __all__ = ["main", "load_prompts", "load_prompt_families"]
 
 
-def load_prompt_families(spec: str, limit: int | None = None, seed: int = 42) -> tuple[list[str], list[str] | None]:
+def load_prompt_families(spec: str, limit: int | None = None, seed: int = 42, *, skip: int = 0,
+                         families: str | None = None) -> tuple[list[str], list[str] | None]:
     """:func:`load_prompts` and the prompt family of each prompt: the mix's (``math`` / ``code`` /
-    ``chat``) for ``"mix"``, None for any other ``spec`` (one set: no families)."""
-    if spec == "mix":
-        from .prompt_mix import prompt_mix
+    ``chat``) for ``"mix"``, None for any other ``spec`` (one set: no families).
 
-        pairs = prompt_mix(seed=seed)
+    For the mix only: ``skip`` drops the first ``skip`` prompts of the whole mix, then
+    ``families`` (comma-separated, e.g. ``"math,code"``) keeps those families, the mix's order
+    kept; ``limit`` applies last. A capture that went through the first N prompts of the mix
+    goes on with ``skip=N`` into another folder and never repeats one of them (nor any held-out
+    prompt among them).
+
+    Raises:
+        SystemExit: ``skip`` / ``families`` given for a spec other than ``"mix"``, or an unknown
+        family.
+    """
+    if spec == "mix":
+        from .prompt_mix import FAMILIES, prompt_mix
+
+        pairs = prompt_mix(seed=seed)[max(0, skip):]
+        if families:
+            keep = [f.strip() for f in families.split(",") if f.strip()]
+            bad = [f for f in keep if f not in FAMILIES]
+            if bad:
+                raise SystemExit(f"--families: unknown family {bad[0]!r}: use some of {', '.join(FAMILIES)}")
+            pairs = [(f, p) for f, p in pairs if f in keep]
         pairs = pairs[:limit] if limit else pairs
         return [p for _, p in pairs], [f for f, _ in pairs]
+    if skip or families:
+        raise SystemExit(f"--skip / --families select from the mix: use --prompts mix (not {spec!r})")
     return load_prompts(spec, limit, seed), None
 
 
@@ -88,7 +108,8 @@ def cmd_capture(args) -> int:
 
     info = _target_info(args.target)
     ids = _layer_ids(args, info.n_layers)
-    prompts, families = load_prompt_families(args.prompts, args.limit, args.seed)
+    prompts, families = load_prompt_families(args.prompts, args.limit, args.seed, skip=args.skip,
+                                             families=args.families)
     out = Path(args.out)
     if args.force and not args.resume:
         for old in list(out.glob("shard-*.safetensors")) + list(out.glob("responses.jsonl")):
@@ -100,7 +121,8 @@ def cmd_capture(args) -> int:
         seqs_per_shard=args.seqs_per_shard, n_parallel=args.batch_size, n_ctx_seq=args.n_ctx,
         n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, capture=args.capture, families=families,
         responses=args.responses,
-        source=f"prompts={args.prompts} limit={args.limit} seed={args.seed} greedy batched "
+        source=f"prompts={args.prompts} skip={args.skip} families={args.families} limit={args.limit} "
+               f"seed={args.seed} greedy batched "
                f"({args.batch_size} parallel) max_new_tokens={args.max_new_tokens}")
     print(f"{len(paths)} shard(s) in {out} (target layers {ids})")
     return 0
@@ -193,6 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--prompts", default="gsm8k-train",
                    help="mix (train/prompt_mix.py: disjoint from every benchmark set), a prompt set name or a file")
     c.add_argument("--limit", type=int, default=None)
+    c.add_argument("--skip", type=int, default=0,
+                   help="--prompts mix: leave out the mix's first N prompts (those an earlier capture took)")
+    c.add_argument("--families", default=None,
+                   help="--prompts mix: only these families, comma-separated (math, code, chat), the mix's order")
     c.add_argument("--max-new-tokens", type=int, default=512)
     c.add_argument("--seqs-per-shard", type=int, default=1000)
     c.add_argument("--n-ctx", type=int, default=4096,
