@@ -53,13 +53,11 @@ def load_prompt_families(spec: str, limit: int | None = None, seed: int = 42, *,
     if spec == "mix":
         from .prompt_mix import FAMILIES, prompt_mix
 
-        pairs = prompt_mix(seed=seed)[max(0, skip):]
-        if families:
-            keep = [f.strip() for f in families.split(",") if f.strip()]
-            bad = [f for f in keep if f not in FAMILIES]
-            if bad:
-                raise SystemExit(f"--families: unknown family {bad[0]!r}: use some of {', '.join(FAMILIES)}")
-            pairs = [(f, p) for f, p in pairs if f in keep]
+        keep = [f.strip() for f in (families or "").split(",") if f.strip()] or list(FAMILIES)
+        bad = [f for f in keep if f not in FAMILIES]
+        if bad:  # before the mix is built: a typo fails at once
+            raise SystemExit(f"--families: unknown family {bad[0]!r}: use some of {', '.join(FAMILIES)}")
+        pairs = [(f, p) for f, p in prompt_mix(seed=seed)[max(0, skip):] if f in keep]
         pairs = pairs[:limit] if limit else pairs
         return [p for _, p in pairs], [f for f, _ in pairs]
     if skip or families:
