@@ -216,6 +216,19 @@ def test_shards_round_trip_and_resume(tmp_path, smollm2_gguf, engine_reference):
     assert [FeatureShards([p])._tokens[0].tolist() for p in rebuilt] == \
         [FeatureShards([p])._tokens[0].tolist() for p in paths]
     assert sorted(json.loads(x)["i"] for x in (fresh / "responses.jsonl").read_text().splitlines()) == [0, 1, 2]
+    # a recorded answer whose last token the target does not pick again: the shard has features
+    # for one token fewer, but the answer is recorded as it was (keeping it never shortens it)
+    answers = [json.loads(x) for x in (out / "responses.jsonl").read_text().splitlines()]
+    changed = next(r for r in answers if r["i"] == 0)
+    changed["response"] = changed["response"][:-1] + [(changed["response"][-1] + 1) % 49152]
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text("".join(json.dumps(r) + "\n" for r in answers))
+    redone = generate_capture_shards(smollm2_gguf, PROMPTS, tmp_path / "odd", IDS, **forced_kw, responses=odd)
+    first = FeatureShards([redone[0]])
+    si, start, n, plen = first.index[0]
+    assert first._tokens[si][start:start + n].tolist() == engine_reference[0][0] + changed["response"][:-1]
+    listed = {r["i"]: r["response"] for r in map(json.loads, (tmp_path / "odd" / "responses.jsonl").read_text().splitlines())}
+    assert listed == {r["i"]: r["response"] for r in answers}
     with pytest.raises(ValueError, match="other target layers"):
         generate_capture_shards(smollm2_gguf, PROMPTS, out, [2, 14, 27], **kw)
 

@@ -257,7 +257,8 @@ def generate_capture_shards(target_gguf: str | Path, prompts: Sequence[str], out
     answer token. A recorded answer is used only when its prompt ids equal this prompt's
     rendering (the same position ``i`` of the same prompt order); the last row's features come
     from the token the target itself picks there, so when that is not the recorded last token
-    (a near-tie under other batch shapes) the sequence is kept without it. Other arguments:
+    (a near-tie under other batch shapes) the shard keeps the sequence without it, while
+    ``responses.jsonl`` lists the recorded answer unchanged. Other arguments:
     :class:`BatchedCapture`.
 
     A prompt whose rendering leaves less than ``max_new_tokens`` cells of ``n_ctx_seq`` (or is
@@ -337,14 +338,19 @@ def generate_capture_shards(target_gguf: str | Path, prompts: Sequence[str], out
                 fam = {"family": families[i]} if families is not None else {}
                 prompt = ptoks[i]
                 if i in forced:
+                    # the shard keeps the rows that have features: the answer's last token only if
+                    # the target picks it again here (batched numerics may not); responses.jsonl
+                    # keeps the recorded answer as it was, so a rebuild never rewrites one
                     response = forced[i] if seq.response == forced[i][-1:] else forced[i][:-1]
+                    answer = forced[i]
                     n_forced += len(response)
                     stop = recorded[i].get("stop_reason", "")
                 else:
                     response, stop = seq.response, seq.stop_reason
+                    answer = response
                     n_new += len(response)
                 if i not in own or i not in forced:  # responses.jsonl lists every answer once
-                    rf.write(json.dumps({"i": i, **fam, "prompt": prompt, "response": response,
+                    rf.write(json.dumps({"i": i, **fam, "prompt": prompt, "response": answer,
                                          "stop_reason": stop}) + "\n")
                     rf.flush()
                 n = len(prompt) + len(response)
