@@ -542,3 +542,80 @@ def test_read_responses_cut_and_damaged(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"i": 0, "prompt": "text", "response": []}\n' + json.dumps(rows[1]) + "\n")
     with pytest.raises(ValueError, match="line 1"):
         read_responses(tmp_path / "bad.jsonl")
+
+
+def _planted_walk(m, cfg, n=40, plen=3, seed=3):
+    """A sequence whose T=0 decode is known: from each anchor the drafter's own first j drafts
+    are planted, then a token it did not draft (the target's correction, the next anchor)."""
+    g = torch.Generator().manual_seed(seed)
+    tok = torch.randint(0, V - 1, (n,), generator=g)
+    feat = torch.randn(n, 2 * H, generator=g)
+    want, p, js = [], plen, [2, 0, 3, 1]
+    while p <= n - cfg.block_size:
+        j = js[len(want) % len(js)]
+        path, _, _ = m.draft(feat[None, :p], tok[p:p + 1], p)
+        tok[p + 1:p + 1 + j] = path[0, :j]
+        if j < cfg.block_size - 1:
+            tok[p + 1 + j] = (path[0, j] + 1) % (V - 1)
+        want.append(j + 1)
+        p += j + 1
+    return tok, feat, plen, want
+
+
+def test_walk_acceptance_is_the_decode_of_a_planted_sequence(tmp_path):
+    """walk_acceptance: the first pass drafts from the first answer token, each pass commits its
+    accepted drafts plus the bonus token, the next pass starts at the bonus token; any chunking."""
+    cfg = _tiny()
+    m = random_drafter(cfg)
+    tok, feat, plen, want = _planted_walk(m, cfg)
+    assert len(want) >= 10 and set(want) == {1, 2, 3, 4}
+    assert O.walk_acceptance(m, tok, feat, plen) == want
+    assert O.walk_acceptance(m, tok, feat, plen, chunk=3) == want
+    assert O.walk_acceptance(m, tok[:plen + cfg.block_size - 1], feat[:plen + cfg.block_size - 1], plen) == []
+    # evaluate_walk over shards: per-sequence mean (bench's per-request tau) and pooled
+    from dflash2_gguf.train.loop import evaluate_walk
+
+    tok2, feat2, _, want2 = _planted_walk(m, cfg, n=30, seed=4)
+    p = write_shard(tmp_path / "walk.safetensors", [(tok.tolist(), feat.numpy(), plen),
+                                                     (tok2.tolist(), feat2.numpy(), plen)],
+                    ShardMeta(cfg.target_layer_ids, cfg.hidden_size, cfg.vocab_size))
+    ev = evaluate_walk(m, FeatureShards([p]))
+    per = [sum(w) / len(w) for w in (want, want2)]
+    assert ev["n_seqs"] == 2 and ev["n_passes"] == len(want) + len(want2)
+    assert ev["walk_tau"] == pytest.approx(sum(per) / 2, abs=1e-6)
+    assert ev["walk_tau_pooled"] == pytest.approx(sum(want + want2) / (len(want) + len(want2)), abs=1e-6)
+    assert evaluate_walk(m, FeatureShards([p]), max_seqs=1)["n_passes"] == len(want)
+
+
+def test_walk_step_anchors_land_where_the_next_pass_starts(tmp_path):
+    """share 0: exactly the uniform draw; share 1: every uniform anchor a replaced by a + tau(a)
+    (tau under the current weights), dropped past the last labelled row or when taken twice."""
+    cfg = _tiny()
+    m = random_drafter(cfg)
+    tok, feat, plen, _ = _planted_walk(m, cfg)
+    n = tok.shape[0]
+    batch = O.Batch(tok[None], feat[None], torch.arange(n)[None], torch.tensor([n]), torch.tensor([plen]))
+    uni = O.sample_anchors(batch.lengths, batch.anchor_min, 12, torch.Generator().manual_seed(5))
+    same = O.walk_step_anchors(m, batch, 12, 0.0, torch.Generator().manual_seed(5))
+    assert all(torch.equal(a, b) for a, b in zip(uni, same))
+    anc, valid = O.walk_step_anchors(m, batch, 12, 1.0, torch.Generator().manual_seed(5))
+    tau = O.anchor_acceptance(m, batch, *uni)[0]
+    want = sorted({int(a + t) for a, t in zip(uni[0][0], tau) if a + t <= n - 2})
+    assert anc[0][valid[0]].tolist() == want and want != sorted(uni[0][0].tolist())
+    assert any(t > 1 for t in tau.tolist())
+    half, ok = O.walk_step_anchors(m, batch, 12, 0.5, torch.Generator().manual_seed(5))
+    picked = set(half[0][ok[0]].tolist())
+    assert picked <= set(uni[0][0].tolist()) | set(want) and 6 <= len(picked) <= 12
+    assert len(picked & set(uni[0][0].tolist())) >= 6  # the other half stays uniform
+    with pytest.raises(ValueError, match="share must be in"):
+        O.walk_step_anchors(m, batch, 12, 1.5)
+    # and the loop trains with them, logging the decode-walk tau per family
+    d = tmp_path
+    s = _synthetic_shard(d / "s.safetensors", cfg)
+    _, state = train(cfg, TrainConfig(shards=[str(s)], out_dir=str(d / "run"), steps=6, lr=3e-3,
+                                      warmup_steps=1, batch_size=2, max_len=24, anchors_per_seq=4,
+                                      log_every=3, save_every=100, progress=False, eval_shards=[str(s)],
+                                      eval_batches=1, eval_walk_seqs=2, walk_anchor_share=0.5),
+                     target_weights=(torch.randn(V, H) * 0.3, None))
+    ev = [h for h in state.history if "walk_tau_by_family" in h]
+    assert len(ev) == 1 and 1.0 <= ev[0]["walk_tau_by_family"]["all"] <= cfg.block_size

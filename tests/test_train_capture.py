@@ -233,6 +233,29 @@ def test_shards_round_trip_and_resume(tmp_path, smollm2_gguf, engine_reference):
         generate_capture_shards(smollm2_gguf, PROMPTS, out, [2, 14, 27], **kw)
 
 
+def test_cli_eval_of_the_shipped_drafter_on_captured_shards(tmp_path, smollm2_gguf, capsys):
+    """``train eval``: the shipped drafter (target layers 1/14/27) on freshly captured shards,
+    uniform-anchor and decode-walk tau per family; a folder without config.json is refused."""
+    from dflash2_gguf.train.cli import main
+    from dflash2_gguf.train.generate import generate_capture_shards
+
+    out = tmp_path / "feats"
+    generate_capture_shards(smollm2_gguf, PROMPTS, out, IDS, max_new_tokens=N_NEW, seqs_per_shard=2,
+                            progress=False, families=["math", "chat", "code"], **SMALL)
+    capsys.readouterr()
+    assert main(["eval", "--target", str(smollm2_gguf), "--drafter", "models/SmolLM2-135M-DFlash2",
+                 "--shards", str(out / "shard-*.safetensors"), "--threads", "2"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    walk = res["walk"]
+    assert set(walk) == {"all", "math", "chat", "code"} and res["shards"] == 2
+    assert walk["all"]["n_seqs"] == 3 and walk["all"]["n_passes"] == sum(walk[f]["n_passes"] for f in ("math", "chat", "code"))
+    # every pass commits 1..8 tokens and the passes cover each answer but its last block
+    assert all(1.0 <= w["walk_tau"] <= 8.0 for w in walk.values())
+    assert 1.0 <= res["uniform"]["tau"] <= 8.0 and set(res["uniform"]["tau_by_family"]) == {"math", "chat", "code"}
+    with pytest.raises(SystemExit, match="no config.json"):
+        main(["eval", "--target", str(smollm2_gguf), "--drafter", str(tmp_path), "--shards", str(out / "*")])
+
+
 def test_prompts_too_long_are_skipped(tmp_path, smollm2_gguf, engine_reference, capsys):
     """A prompt that leaves no room for a full answer (here: longer than n_batch = 48 tokens) is
     skipped, not fatal: its shard holds the rest of its range, a shard of skipped prompts only is

@@ -15,6 +15,10 @@ Two steps, each resumable on its own::
 
     # 3. GGUF: python -m convert hf-to-gguf run1/hf --target SmolLM2-135M-Instruct.Q4_1.gguf
 
+    # held-out tau of any exported drafter, per family, over a T=0 decode's passes (bench's figure)
+    python -m dflash2_gguf.train eval --target SmolLM2-135M-Instruct.Q4_1.gguf --drafter run1/hf \
+        --shards 'held-out/*.safetensors'
+
 ``--prompts`` is ``mix`` (:mod:`dflash2_gguf.train.prompt_mix`, disjoint from every benchmark set),
 a prompt set of :mod:`dflash2_gguf.prompt_sets` (the one table ``bench`` uses:
 gsm8k-train, gsm8k, math500, humaneval, mbpp, mt-bench; asset names such as gsm8k-test work too),
@@ -151,7 +155,8 @@ def cmd_fit(args) -> int:
                        eval_shards=sorted(p for pat in args.eval_shards for p in glob.glob(pat)),
                        eval_every=args.eval_every, vocab=args.vocab, threads=args.threads,
                        lr_total_steps=args.lr_total_steps, shard_globs=list(args.shards),
-                       reload_every=args.reload_shards_every)
+                       reload_every=args.reload_shards_every, walk_anchor_share=args.walk_anchors,
+                       eval_walk_seqs=args.eval_walk_seqs)
     _, state = train(cfg, tcfg, model=model)
     last = next((h for h in reversed(state.history) if "loss" in h), {})
     tau = next((h for h in reversed(state.history) if "tau" in h), None)
@@ -177,6 +182,46 @@ def _init_model(folder: str, cfg):
                          "): give the matching --layers / --target-layer-ids / --block-size / "
                          "--selector-rank / --selector-top-k")
     return model
+
+
+def cmd_eval(args) -> int:
+    """Held-out acceptance of a drafter folder on feature shards, per prompt family: tau at
+    uniform anchors (what ``fit`` logs) and over the passes of a T = 0 decode (what bench sees)."""
+    import torch
+
+    from .data import FeatureShards
+    from .export import load_hf
+    from .loop import TrainConfig, evaluate_tau, evaluate_walk
+    from .target_weights import load_target_weights
+
+    if not (Path(args.drafter) / "config.json").is_file():
+        raise SystemExit(f"--drafter {args.drafter}: no config.json there (give a folder that `export` "
+                         "wrote, e.g. models/SmolLM2-135M-DFlash2)")
+    paths = sorted(p for pat in args.shards for p in glob.glob(pat))
+    if not paths:
+        raise SystemExit(f"no shard matches {args.shards}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = load_hf(args.drafter)
+    data = FeatureShards(paths)
+    if tuple(data.meta.target_layer_ids) != tuple(model.config.target_layer_ids):
+        raise SystemExit(f"the shards hold target layers {data.meta.target_layer_ids}, the drafter "
+                         f"reads {model.config.target_layer_ids}: capture shards for this drafter")
+    emb, head = load_target_weights(args.target).torch()
+    model.set_target_weights(emb, head)
+    model.eval()
+    tcfg = TrainConfig(shards=paths, out_dir="", batch_size=4, max_len=512, anchors_per_seq=16,
+                       eval_batches=4)
+    out = {"drafter": args.drafter, "shards": len(paths), "uniform": evaluate_tau(model, data, tcfg),
+           "walk": {f or "all": evaluate_walk(model, data, args.max_seqs, f or None)
+                    for f in ([""] + data.families)}}
+    for f, w in out["walk"].items():
+        uni = out["uniform"]["tau"] if f == "all" else out["uniform"].get("tau_by_family", {}).get(f)
+        print(f"{f}: decode-walk tau {w['walk_tau']:.3f} (mean of {w['n_seqs']} sequences; pooled "
+              f"{w['walk_tau_pooled']:.3f} over {w['n_passes']} passes); uniform-anchor tau {uni:.3f}",
+              file=sys.stderr)
+    print(json.dumps(out))
+    return 0
 
 
 def cmd_export(args) -> int:
@@ -273,9 +318,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start from the weights of this authors'-format folder (export's output, e.g. "
                         "models/SmolLM2-135M-DFlash2) instead of random ones; fresh optimizer and "
                         "schedule; ignored when --out already holds checkpoint.pt (that resumes)")
+    f.add_argument("--walk-anchors", type=float, default=0.0, metavar="SHARE",
+                   help="share (0-1) of each sequence's anchors moved one T=0 decode pass on "
+                        "(a + tau(a) under the current weights): the anchors decoding visits "
+                        "start after a rejected draft and are harder than uniform ones")
+    f.add_argument("--eval-walk-seqs", type=int, default=0, metavar="N",
+                   help="also log the decode-walk tau (what bench --temp 0 sees) of the first N "
+                        "held-out sequences of each family at every evaluation")
     f.add_argument("--device", default="cpu")
     f.add_argument("--bf16", action="store_true", help="bfloat16 autocast (GPUs)")
     f.set_defaults(func=cmd_fit)
+
+    v = sub.add_parser("eval", help="held-out tau of a drafter folder, per family: uniform anchors "
+                                    "and a T=0 decode's passes")
+    v.add_argument("--target", required=True, help="target GGUF (the frozen embedding / head)")
+    v.add_argument("--drafter", required=True, help="authors'-format folder (export's output)")
+    v.add_argument("--shards", nargs="+", required=True, help="held-out shard files or globs")
+    v.add_argument("--max-seqs", type=int, default=None,
+                   help="decode-walk tau over the first N sequences of each family (default all)")
+    v.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    v.set_defaults(func=cmd_eval)
 
     e = sub.add_parser("export", help="checkpoint.pt of a run folder -> HF folder (authors' format)")
     e.add_argument("--run", required=True, help="run folder of `fit`")

@@ -26,9 +26,9 @@ import torch
 from .data import FeatureShards
 from .export import export_hf
 from .model import DFlash2Config, DFlash2Drafter
-from .objective import dflash2_loss, greedy_acceptance
+from .objective import dflash2_loss, greedy_acceptance, walk_acceptance, walk_step_anchors
 
-__all__ = ["TrainConfig", "TrainState", "train", "lr_lambda", "evaluate_tau"]
+__all__ = ["TrainConfig", "TrainState", "train", "lr_lambda", "evaluate_tau", "evaluate_walk"]
 
 
 @dataclass
@@ -62,6 +62,8 @@ class TrainConfig:
     eval_shards: Sequence[str] = ()     # held-out shards: greedy acceptance length (tau)
     eval_every: int = 0                 # 0: only at the end (when eval_shards are given)
     eval_batches: int = 4
+    eval_walk_seqs: int = 0             # >0: also the decode-walk tau of this many held-out sequences per family
+    walk_anchor_share: float = 0.0      # share of training anchors moved one decode pass on (walk_step_anchors)
     vocab: str = "full"                 # "data": softmax over the token ids present in the shards
     threads: int | None = None          # torch CPU threads (None: torch's default)
     lr_total_steps: int | None = None   # length of the cosine schedule (None: steps)
@@ -134,6 +136,34 @@ def evaluate_tau(model: DFlash2Drafter, data: FeatureShards, cfg: TrainConfig) -
     if by_family:
         ev["tau_by_family"] = {f: mean(x) for f, x in by_family.items()}
     return ev
+
+
+def evaluate_walk(model: DFlash2Drafter, data: FeatureShards, max_seqs: int | None = None,
+                  family: str | None = None) -> dict:
+    """Acceptance length of T = 0 decoding over held-out sequences (:func:`walk_acceptance`):
+    what ``dflash2-gguf bench --temp 0 --spec-draft-adaptive off`` reports for the same answers.
+
+    Takes the first ``max_seqs`` sequences (all when None) of ``family`` (every family when
+    None), whole (no window). Returns ``{"walk_tau": mean over sequences of each one's passes'
+    mean tau (bench's "mean per request"), "walk_tau_pooled": tokens / passes, "n_seqs",
+    "n_passes"}`` (tau nan when no sequence has a full block of answer).
+    """
+    was_training = model.training
+    model.eval()
+    picks = [i for i, f in enumerate(data.family_of) if family is None or f == family]
+    per_seq, passes = [], []
+    for i in picks[:max_seqs]:
+        si, start, n, plen = data.index[i]
+        taus = walk_acceptance(model, data._tokens[si][start:start + n],
+                               data._features[si][start:start + n].to(torch.float16), plen)
+        if taus:
+            per_seq.append(sum(taus) / len(taus))
+            passes += taus
+    model.train(was_training)
+    nan = float("nan")
+    return {"walk_tau": sum(per_seq) / len(per_seq) if per_seq else nan,
+            "walk_tau_pooled": sum(passes) / len(passes) if passes else nan,
+            "n_seqs": len(per_seq), "n_passes": len(passes)}
 
 
 def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
@@ -212,10 +242,15 @@ def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
 
     def log_eval() -> None:
         ev = evaluate_tau(model, eval_data, cfg)
+        if cfg.eval_walk_seqs:
+            ev["walk_tau_by_family"] = {f or "all": evaluate_walk(model, eval_data, cfg.eval_walk_seqs, f or None)["walk_tau"]
+                                        for f in (eval_data.families or [""])}
         history.append({"step": step, **ev})
         fam = "".join(f", {f} {x:.3f}" for f, x in ev.get("tau_by_family", {}).items())
+        walk = "".join(f", {f} {x:.3f}" for f, x in ev.get("walk_tau_by_family", {}).items())
         if bar is not None:
-            bar.write(f"step {step}: greedy tau {ev['tau']:.3f} over {ev['n_anchors']} anchors{fam}")
+            bar.write(f"step {step}: greedy tau {ev['tau']:.3f} over {ev['n_anchors']} anchors{fam}"
+                      + (f"; decode-walk tau ({cfg.eval_walk_seqs} sequences each){walk}" if walk else ""))
 
     if eval_data is not None and cfg.eval_every and step == 0:
         log_eval()  # where the curve starts: random weights, or the drafter a run --init'ed from
@@ -233,8 +268,13 @@ def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
                 vocab = data_vocab(data)
         batch = data.sample_batch(cfg.batch_size, cfg.max_len, gen).to(device)
         with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+            anchors = None
+            if cfg.walk_anchor_share:
+                anchors = walk_step_anchors(model, batch, cfg.anchors_per_seq, cfg.walk_anchor_share,
+                                            gen, vocab)
             res = dflash2_loss(model, batch, cfg.anchors_per_seq, gamma=cfg.gamma,
-                               selector_weight=cfg.selector_weight, generator=gen, vocab=vocab)
+                               selector_weight=cfg.selector_weight, generator=gen, vocab=vocab,
+                               anchors=anchors)
         opt.zero_grad(set_to_none=True)
         res.loss.backward()
         if cfg.grad_clip:

@@ -477,11 +477,16 @@ class CandidateSelector(nn.Module):
 
     @torch.no_grad()
     def select(self, hidden: torch.Tensor, logits: torch.Tensor, anchor_ids: torch.Tensor,
-               temperature: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+               temperature: float = 0.0, vocab: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Walk the rows left to right: greedy argmax at ``temperature`` 0, else sample from
-        ``softmax(S / T)``. hidden [B, T, H]; logits [B, T, V]; anchor_ids [B].
-        Returns (path [B, T], candidates [B, T, k], q [B, T, k] or None)."""
+        ``softmax(S / T)``. hidden [B, T, H]; logits [B, T, V] (or [B, T, len(vocab)]: the head
+        rows ``vocab``, sorted int64 token ids, as :meth:`DFlash2Drafter.compute_logits` gives
+        them); anchor_ids [B]. Returns (path [B, T], candidates [B, T, k] (token ids),
+        q [B, T, k] or None)."""
         unary, cand = self.candidates(logits)
+        if vocab is not None:
+            cand = vocab[cand]
         pred = anchor_ids
         path, qs = [], []
         for t in range(hidden.shape[1]):

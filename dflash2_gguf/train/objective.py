@@ -38,7 +38,10 @@ Losses (DFlash / DFlash 2 papers; ``gamma`` per :func:`default_gamma`):
 Accuracy: per block position ``k``, top-1 of the logits equals ``x_{p+k}`` (``correct``/``count``)
 and the teacher-forced selector's argmax equals it (``selector_correct``).
 :func:`greedy_acceptance` measures the acceptance length tau that greedy speculative decoding
-would get at random anchors (exact when the responses are the target's greedy output).
+would get at random anchors (exact when the responses are the target's greedy output);
+:func:`walk_acceptance` the tau of the anchors a T = 0 decode actually visits, which are harder
+(each pass starts at the target's correction of a rejected draft). :func:`walk_step_anchors`
+moves a share of the training anchors one such pass on, towards the anchors decoding visits.
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ from torch.nn import functional as F
 from .model import DFlash2Drafter
 
 __all__ = ["Batch", "LossOutput", "default_gamma", "sample_anchors", "block_inputs",
-           "block_attention_mask", "dflash2_loss", "greedy_acceptance"]
+           "block_attention_mask", "dflash2_loss", "anchor_acceptance", "greedy_acceptance",
+           "walk_acceptance", "walk_step_anchors"]
 
 
 def default_gamma(block_size: int) -> float:
@@ -230,26 +234,22 @@ def dflash2_loss(model: DFlash2Drafter, batch: Batch, n_anchors: int, *, gamma: 
 
 
 @torch.no_grad()
-def greedy_acceptance(model: DFlash2Drafter, batch: Batch, n_anchors: int,
-                      generator: torch.Generator | None = None,
-                      anchors: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """Acceptance length (tau, bonus included) of greedy drafting at random anchors.
+def anchor_acceptance(model: DFlash2Drafter, batch: Batch, anchors: torch.Tensor, valid: torch.Tensor,
+                      vocab: torch.Tensor | None = None) -> torch.Tensor:
+    """Acceptance length (tau, bonus included) of greedy drafting at the given anchors.
 
-    For sequences whose responses are the target's GREEDY output (what
-    :func:`~dflash2_gguf.train.generate.generate_capture_shards` stores), this is exactly what
-    speculative decoding at T=0 would commit per target pass from that anchor: the selector's
-    greedy walk (first predecessor = the anchor) is compared with the true next tokens, and
-    ``tau = 1 + number of leading matches``. Only anchors with a full block of labels are drawn.
+    The selector's greedy walk (first predecessor = the anchor) is compared with the true next
+    tokens; ``tau = 1 + number of leading matches`` (rows past the end of a sequence never match).
 
-    Returns int64 [n] of tau values, one per valid anchor (row-major over [B, A]).
+    Args:
+        anchors: int64 [B, A] row indices; valid: bool [B, A] (invalid slots get tau 0).
+        vocab: sorted int64 token ids: the head rows drafted over (as :func:`dflash2_loss`'s
+            ``vocab``); None: the full vocabulary, as inference drafts.
+    Returns int64 [B, A].
     """
     cfg = model.config
     bs = cfg.block_size
-    if anchors is None:
-        eff = (batch.lengths - bs + 2).cpu()
-        anchors = sample_anchors(eff, batch.anchor_min.cpu(), n_anchors, generator)
-    anc, valid = anchors
-    anc, valid = anc.to(batch.tokens.device), valid.to(batch.tokens.device)
+    anc, valid = anchors.to(batch.tokens.device), valid.to(batch.tokens.device)
     b, a = anc.shape
     ids, bpos, labels, _ = block_inputs(batch.tokens, batch.positions, batch.lengths, anc, valid,
                                         bs, cfg.mask_token_id)
@@ -257,7 +257,110 @@ def greedy_acceptance(model: DFlash2Drafter, batch: Batch, n_anchors: int,
     hidden = model(model.embed(ids), batch.features, torch.cat([batch.positions, bpos], 1),
                    attention_mask=mask, block_len=bs)
     hidden = hidden.view(b * a, bs, -1)[:, 1:]
-    logits = model.compute_logits(hidden).float()
-    path, _, _ = model.candidate_selector.select(hidden, logits, ids.view(b * a, bs)[:, 0], 0.0)
+    vocab = None if vocab is None else vocab.to(hidden.device)
+    logits = model.compute_logits(hidden, vocab).float()
+    path, _, _ = model.candidate_selector.select(hidden, logits, ids.view(b * a, bs)[:, 0], 0.0, vocab=vocab)
     match = (path == labels.view(b * a, bs)[:, 1:]).long().cumprod(-1).sum(-1) + 1
-    return match[valid.view(-1)]
+    return (match * valid.view(-1)).view(b, a)
+
+
+@torch.no_grad()
+def greedy_acceptance(model: DFlash2Drafter, batch: Batch, n_anchors: int,
+                      generator: torch.Generator | None = None,
+                      anchors: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Acceptance length (tau, bonus included) of greedy drafting at random anchors.
+
+    For sequences whose responses are the target's GREEDY output (what
+    :func:`~dflash2_gguf.train.generate.generate_capture_shards` stores), this is exactly what
+    speculative decoding at T=0 would commit per target pass from that anchor
+    (:func:`anchor_acceptance`). Only anchors with a full block of labels are drawn. Anchors
+    drawn uniformly over a response are easier than the ones a decode visits (each pass starts
+    at the target's correction of a rejected draft): :func:`walk_acceptance` measures those.
+
+    Returns int64 [n] of tau values, one per valid anchor (row-major over [B, A]).
+    """
+    bs = model.config.block_size
+    if anchors is None:
+        eff = (batch.lengths - bs + 2).cpu()
+        anchors = sample_anchors(eff, batch.anchor_min.cpu(), n_anchors, generator)
+    anc, valid = anchors
+    taus = anchor_acceptance(model, batch, anc, valid)
+    return taus.view(-1)[valid.to(taus.device).view(-1)]
+
+
+@torch.no_grad()
+def walk_acceptance(model: DFlash2Drafter, tokens: torch.Tensor, features: torch.Tensor, prompt_len: int,
+                    *, chunk: int = 128) -> list[int]:
+    """The target passes of greedy speculative decoding (T = 0) over one recorded sequence.
+
+    The first pass drafts from the first response token (the target's first generated token is
+    the first anchor); a pass that commits ``tau`` tokens moves the next anchor ``tau`` rows on
+    (the bonus token, the target's own pick after the last accepted draft, is the next anchor),
+    while a full block of labels is left. For a sequence that is the target's greedy answer
+    with its features, these are the per-pass acceptance lengths ``dflash2-gguf bench --temp 0
+    --spec-draft-adaptive off`` would see on its prompt (up to the numerics of the two engines);
+    their mean is the request's tau. Every anchor's tau is computed first, ``chunk`` anchors per
+    forward pass (memory: the block rows attend over the whole sequence).
+
+    Args:
+        tokens: int64 [N]; features: [N, n_feat*H] (f16 ok); prompt_len: rows of the prompt.
+    Returns the tau of each pass, in order (empty when the answer is shorter than a block).
+    """
+    bs = model.config.block_size
+    n = tokens.shape[0]
+    last = n - bs  # the last anchor with labels for all bs-1 draft rows
+    if last < prompt_len:
+        return []
+    dev = next(model.parameters()).device
+    batch = Batch(tokens[None].long(), features[None], torch.arange(n)[None], torch.tensor([n]),
+                  torch.tensor([prompt_len])).to(dev)
+    tau: list[int] = []
+    for lo in range(prompt_len, last + 1, chunk):
+        anc = torch.arange(lo, min(lo + chunk, last + 1))[None]
+        tau += anchor_acceptance(model, batch, anc, torch.ones_like(anc, dtype=torch.bool))[0].tolist()
+    passes, p = [], prompt_len
+    while p <= last:
+        passes.append(tau[p - prompt_len])
+        p += tau[p - prompt_len]
+    return passes
+
+
+@torch.no_grad()
+def walk_step_anchors(model: DFlash2Drafter, batch: Batch, n_anchors: int, share: float,
+                      generator: torch.Generator | None = None, vocab: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training anchors, ``share`` of them where a T = 0 decode would start its next pass.
+
+    A decode's passes start right after a rejected draft (:func:`walk_acceptance`), not uniformly:
+    on the fourth sitting's held-out math, uniform anchors accept 2.95 tokens per pass and a decode's
+    anchors 2.55 (docs/TRAINING.md). Here ``round(share * n_anchors)`` uniform anchors ``a`` are
+    drafted with the current weights (no gradient) and replaced by ``a + tau(a)`` (one pass of
+    the walk from ``a``); the other slots are uniform anchors. Landings past the last labelled
+    row, or on a row already taken, are dropped (fewer valid slots).
+
+    Returns (anchors int64 [B, A] sorted per row, valid bool [B, A]) like :func:`sample_anchors`;
+    ``share`` 0 returns exactly :func:`sample_anchors`' draw.
+    """
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"walk anchor share must be in [0, 1], got {share}")
+    lengths, amin = batch.lengths.cpu(), batch.anchor_min.cpu()
+    anc, valid = sample_anchors(lengths, amin, n_anchors, generator)
+    k = round(share * n_anchors)
+    if k == 0:
+        return anc, valid
+    # which slots walk: a random k of each row's (sorted) anchors
+    order = torch.argsort(torch.rand(anc.shape, generator=generator), dim=1)
+    walks = torch.zeros_like(valid)
+    walks.scatter_(1, order[:, :k], True)
+    walks &= valid
+    tau = anchor_acceptance(model, batch, anc, walks, vocab).cpu()
+    land = anc + tau
+    out = torch.zeros_like(anc)
+    ok = torch.zeros_like(valid)
+    for i in range(anc.shape[0]):
+        top = int(lengths[i]) - 2
+        keep = sorted(set(land[i][walks[i] & (land[i] <= top)].tolist())
+                      | set(anc[i][valid[i] & ~walks[i]].tolist()))
+        out[i, :len(keep)] = torch.tensor(keep, dtype=torch.long)
+        ok[i, :len(keep)] = True
+    return out.to(batch.lengths.device), ok.to(batch.lengths.device)
