@@ -211,7 +211,7 @@ def cmd_eval(args) -> int:
     model.set_target_weights(emb, head)
     model.eval()
     tcfg = TrainConfig(shards=paths, out_dir="", batch_size=4, max_len=512, anchors_per_seq=16,
-                       eval_batches=4)
+                       eval_batches=4, seed=args.seed)
     out = {"drafter": args.drafter, "shards": len(paths), "uniform": evaluate_tau(model, data, tcfg),
            "walk": {f or "all": evaluate_walk(model, data, args.max_seqs, f or None)
                     for f in ([""] + data.families)}}
@@ -336,6 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--shards", nargs="+", required=True, help="held-out shard files or globs")
     v.add_argument("--max-seqs", type=int, default=None,
                    help="decode-walk tau over the first N sequences of each family (default all)")
+    v.add_argument("--seed", type=int, default=42,
+                   help="seed of the uniform anchors (fit's default: the anchors its held-out "
+                        "evaluations draw with --batch-size 4 --max-len 512 --anchors 16)")
     v.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     v.set_defaults(func=cmd_eval)
 
