@@ -227,7 +227,8 @@ def test_shards_round_trip_and_resume(tmp_path, smollm2_gguf, engine_reference):
     first = FeatureShards([redone[0]])
     si, start, n, plen = first.index[0]
     assert first._tokens[si][start:start + n].tolist() == engine_reference[0][0] + changed["response"][:-1]
-    listed = {r["i"]: r["response"] for r in map(json.loads, (tmp_path / "odd" / "responses.jsonl").read_text().splitlines())}
+    lines = (tmp_path / "odd" / "responses.jsonl").read_text().splitlines()
+    listed = {r["i"]: r["response"] for r in map(json.loads, lines)}
     assert listed == {r["i"]: r["response"] for r in answers}
     with pytest.raises(ValueError, match="other target layers"):
         generate_capture_shards(smollm2_gguf, PROMPTS, out, [2, 14, 27], **kw)
@@ -248,10 +249,12 @@ def test_cli_eval_of_the_shipped_drafter_on_captured_shards(tmp_path, smollm2_gg
     res = json.loads(capsys.readouterr().out)
     walk = res["walk"]
     assert set(walk) == {"all", "math", "chat", "code"} and res["shards"] == 2
-    assert walk["all"]["n_seqs"] == 3 and walk["all"]["n_passes"] == sum(walk[f]["n_passes"] for f in ("math", "chat", "code"))
+    assert walk["all"]["n_seqs"] == 3
+    assert walk["all"]["n_passes"] == sum(walk[f]["n_passes"] for f in ("math", "chat", "code"))
     # every pass commits 1..8 tokens and the passes cover each answer but its last block
     assert all(1.0 <= w["walk_tau"] <= 8.0 for w in walk.values())
-    assert 1.0 <= res["uniform"]["tau"] <= 8.0 and set(res["uniform"]["tau_by_family"]) == {"math", "chat", "code"}
+    assert 1.0 <= res["uniform"]["tau"] <= 8.0
+    assert set(res["uniform"]["tau_by_family"]) == {"math", "chat", "code"}
     with pytest.raises(SystemExit, match="no config.json"):
         main(["eval", "--target", str(smollm2_gguf), "--drafter", str(tmp_path), "--shards", str(out / "*")])
 

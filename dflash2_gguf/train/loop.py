@@ -62,8 +62,8 @@ class TrainConfig:
     eval_shards: Sequence[str] = ()     # held-out shards: greedy acceptance length (tau)
     eval_every: int = 0                 # 0: only at the end (when eval_shards are given)
     eval_batches: int = 4
-    eval_walk_seqs: int = 0             # >0: also the decode-walk tau of this many held-out sequences per family
-    walk_anchor_share: float = 0.0      # share of training anchors moved one decode pass on (walk_step_anchors)
+    eval_walk_seqs: int = 0             # >0: also the decode-walk tau of N held-out sequences per family
+    walk_anchor_share: float = 0.0      # share of anchors moved one decode pass on (walk_step_anchors)
     vocab: str = "full"                 # "data": softmax over the token ids present in the shards
     threads: int | None = None          # torch CPU threads (None: torch's default)
     lr_total_steps: int | None = None   # length of the cosine schedule (None: steps)
@@ -243,8 +243,9 @@ def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
     def log_eval() -> None:
         ev = evaluate_tau(model, eval_data, cfg)
         if cfg.eval_walk_seqs:
-            ev["walk_tau_by_family"] = {f or "all": evaluate_walk(model, eval_data, cfg.eval_walk_seqs, f or None)["walk_tau"]
-                                        for f in (eval_data.families or [""])}
+            ev["walk_tau_by_family"] = {
+                f or "all": evaluate_walk(model, eval_data, cfg.eval_walk_seqs, f or None)["walk_tau"]
+                for f in (eval_data.families or [""])}
         history.append({"step": step, **ev})
         fam = "".join(f", {f} {x:.3f}" for f, x in ev.get("tau_by_family", {}).items())
         walk = "".join(f", {f} {x:.3f}" for f, x in ev.get("walk_tau_by_family", {}).items())
