@@ -257,6 +257,12 @@ def test_cli_eval_of_the_shipped_drafter_on_captured_shards(tmp_path, smollm2_gg
     assert set(res["uniform"]["tau_by_family"]) == {"math", "chat", "code"}
     with pytest.raises(SystemExit, match="no config.json"):
         main(["eval", "--target", str(smollm2_gguf), "--drafter", str(tmp_path), "--shards", str(out / "*")])
+    with pytest.raises(SystemExit, match="no such file"):
+        main(["eval", "--target", str(tmp_path / "none.gguf"), "--drafter", "models/SmolLM2-135M-DFlash2",
+              "--shards", str(out / "*")])
+    with pytest.raises(SystemExit, match="from 0 to 1"):
+        main(["fit", "--target", str(smollm2_gguf), "--shards", str(out / "*"), "--out", str(tmp_path / "r"),
+              "--walk-anchors", "1.5"])
 
 
 def test_prompts_too_long_are_skipped(tmp_path, smollm2_gguf, engine_reference, capsys):

@@ -134,6 +134,9 @@ def cmd_fit(args) -> int:
     from .loop import TrainConfig, train
     from .model import DFlash2Config
 
+    if not 0.0 <= args.walk_anchors <= 1.0:
+        raise SystemExit(f"--walk-anchors {args.walk_anchors}: a share of the anchors, give a "
+                         "number from 0 to 1")
     info = _target_info(args.target)
     held = {str(Path(p).resolve()) for pat in args.eval_shards for p in glob.glob(pat)}
     shards = sorted(p for pat in args.shards for p in glob.glob(pat) if str(Path(p).resolve()) not in held)
@@ -194,6 +197,9 @@ def cmd_eval(args) -> int:
     from .loop import TrainConfig, evaluate_tau, evaluate_walk
     from .target_weights import load_target_weights
 
+    if not Path(args.target).is_file():
+        raise SystemExit(f"--target {args.target}: no such file (give the target GGUF the drafter "
+                         "was trained for)")
     if not (Path(args.drafter) / "config.json").is_file():
         raise SystemExit(f"--drafter {args.drafter}: no config.json there (give a folder that `export` "
                          "wrote, e.g. models/SmolLM2-135M-DFlash2)")
