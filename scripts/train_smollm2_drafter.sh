@@ -63,7 +63,8 @@ fit() {
     --reload-shards-every 100 ${INIT:+--init "$INIT"} --weight-decay ${WD:-0} \
     --eval-shards "$FEATS/${HELD_OUT:-shard-00000.safetensors}" --eval-every ${EVAL_EVERY:-200} \
     --steps ${STEPS:-6000} --lr ${LR:-1e-3} --warmup 100 --batch-size ${BS:-4} --max-len 512 \
-    --anchors ${ANCHORS:-16} --walk-anchors ${WALK:-0} --eval-walk-seqs ${EVAL_WALK:-0} --save-every ${SAVE_EVERY:-50} --threads ${THREADS:-2} --out "$RUN"
+    --anchors ${ANCHORS:-16} --walk-anchors ${WALK:-0} --eval-walk-seqs ${EVAL_WALK:-0} \
+    --save-every ${SAVE_EVERY:-50} --threads ${THREADS:-2} --out "$RUN"
 }
 
 case "${1:-status}" in
