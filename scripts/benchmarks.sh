@@ -10,7 +10,9 @@
 #
 # Env: DRAFTER (default models/smollm2-135m-dflash2.gguf), RUNS (output folder, default
 # bench-runs/), SIDE ("--upstream --prompt-lookup"; empty to skip), SIDE_TEMPS (temperatures that
-# get SIDE, default: all of TEMPS), THREADS (default: all). A run whose bench.json exists is kept
+# get SIDE, default: all of TEMPS), THREADS (default: all), ADAPTIVE (bench mode's
+# --spec-draft-adaptive, default off: the summary measures the drafter itself, every pass verifying
+# the whole block; the sweep section has the adaptive policy). A run whose bench.json exists is kept
 # (delete RUNS/<set>-t<T>/ to redo it), so an interrupted script resumes.
 # MBPP is read from ../shared/data/mbpp.jsonl or $DFLASH2_GGUF_MBPP (ASSETS.md).
 set -euo pipefail
@@ -53,7 +55,7 @@ for ds in $SETS; do
   for t in $TEMPS; do
     side=""
     [[ " $SIDE_TEMPS " == *" $t "* ]] && side=$SIDE
-    cmd="dflash2-gguf bench -m $TARGET -md $DRAFTER --dataset $ds --n-prompts $N_PROMPTS --max-new-tokens $MAX_NEW --temp $t --seed 0 $side --out $RUNS/$ds-t$t ${THREADS:+-t $THREADS}"
+    cmd="dflash2-gguf bench -m $TARGET -md $DRAFTER --dataset $ds --n-prompts $N_PROMPTS --max-new-tokens $MAX_NEW --temp $t --seed 0 --spec-draft-adaptive ${ADAPTIVE:-off} $side --out $RUNS/$ds-t$t ${THREADS:+-t $THREADS}"
     # one line per run folder in commands.txt: this run's replaces an earlier one
     { grep -v -- "--out $RUNS/$ds-t$t " "$RUNS/commands.txt" || true; echo "$cmd" | sed "s#$HOME#~#g"; } > "$RUNS/commands.tmp"
     mv "$RUNS/commands.tmp" "$RUNS/commands.txt"
