@@ -418,11 +418,16 @@ def render(reps: list[dict], *, commands: str, plot_rel: str, kept: str) -> str:
     c0 = reps[0]["config"] if reps else {}
     drafter = Path(c0.get("drafter", "?")).name
     target = Path(c0.get("target", "?")).name
+    n = c0.get("n_draft_max", "?")
+    if c0.get("adaptive") is False:
+        drafts = f"every pass verifying {n} drafts: adaptive draft length off, so the rows measure the drafter itself"
+    else:
+        drafts = f"up to {n} drafts per pass, as many as the adaptive draft length chooses"
     return "\n".join([
         "# Benchmarks",
         "",
         f"Target `{target}`, drafter `{drafter}` (DFlash {c0.get('drafter_version', '?')}, block "
-        f"{c0.get('block_size', '?')}, verifying up to {c0.get('n_draft_max', '?')} drafts per pass), "
+        f"{c0.get('block_size', '?')}, {drafts}), "
         f"up to {c0.get('max_new_tokens', '?')} new tokens per request. Every row runs the target alone and "
         "with the drafter through the same decoder, one after the other, on the same machine; side-by-side "
         "columns run upstream's `llama-speculative-simple` / `llama-completion` (llama.cpp 0c1e570) and "

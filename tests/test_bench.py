@@ -221,6 +221,7 @@ def test_bench_cli_smoke(native_ext, smollm2_gguf, smollm2_drafters, tmp_path):
     cost = next(ln for ln in text.split("## Cost of a cycle", 1)[1].splitlines() if ln.startswith("| gsm8k | 0 |"))
     assert cost.split("|")[7].strip() == f"{br.cycle_cost(rep)['break_even']:.2f}"
     assert "dflash2-gguf bench ... --dataset gsm8k" in text and "pp.png" in text
+    assert "as many as the adaptive draft length chooses" in text  # the run's default: adaptive on
     assert (tmp_path / "pp.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bm.write_text(text.replace("(to be written after the run)", "Drafting pays on gsm8k."))
     br.main(["--runs", str(runs), "--out", str(bm), "--plot", str(tmp_path / "pp.png")])

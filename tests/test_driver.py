@@ -77,7 +77,8 @@ def test_greedy_equals_llama_cpp(native_ext, tiny_peaked):
     import llama_cpp
 
     target, drafters = tiny_peaked
-    llm = llama_cpp.Llama(str(target), n_ctx=512, n_threads=1, verbose=False)
+    # flash attention on both sides (our decoder: llama.cpp's auto, which picks it on CPU)
+    llm = llama_cpp.Llama(str(target), n_ctx=512, n_threads=1, flash_attn=True, verbose=False)
     with _decoder(target, drafters[2]) as dec:
         for ids in _prompts(4):
             r = dec.generate(ids, max_tokens=32, sampling=greedy(), ignore_eos=True)

@@ -437,6 +437,53 @@ def test_fit_init_starts_from_an_exported_drafter(tmp_path):
         _init_model(str(tmp_path), cfg)
 
 
+def test_grown_drafter_computes_what_the_shallower_one_did_then_trains_its_new_layer(tmp_path):
+    """``grow_layers`` / ``fit --init FOLDER --layers N`` with N above the folder's: the new layers
+    are appended as identities (hidden states, logits and selector paths equal to the 2-layer
+    drafter's bit for bit), a gradient step moves them, and fewer layers than the folder's are
+    refused."""
+    import dataclasses
+
+    from dflash2_gguf.train.cli import _init_model
+    from dflash2_gguf.train.model import grow_layers
+
+    cfg = small_config()
+    src = random_drafter(cfg, seed=3)
+    grown = grow_layers(src, 3, seed=1)
+    assert grown.config.num_hidden_layers == 3 and len(grown.layers) == 3
+    assert src.config.num_hidden_layers == 2 and len(src.layers) == 2  # the source is untouched
+    new = grown.layers[2]
+    assert new.self_attn.q_proj.weight.abs().sum() > 0 and new.mlp.gate_proj.weight.abs().sum() > 0
+    g = torch.Generator().manual_seed(0)
+    c, bs = 11, cfg.block_size
+    feats = torch.randn(2, c, len(cfg.target_layer_ids) * H, generator=g)
+    anchors = torch.tensor([5, 17])
+    ids = torch.full((2, bs), cfg.mask_token_id)
+    ids[:, 0] = anchors
+    pos = torch.arange(20 - c, 20 + bs).expand(2, -1)
+    with torch.no_grad():
+        h_src = src(src.embed(ids), feats, pos)
+        h_grown = grown(grown.embed(ids), feats, pos)
+    assert torch.equal(h_src, h_grown)
+    assert all(torch.equal(a, b) for a, b in zip(src.draft(feats, anchors, 20)[:2], grown.draft(feats, anchors, 20)[:2]))
+
+    # the new layer learns: its zero o_proj / down_proj get gradients at once
+    grown.train()
+    h = grown(grown.embed(ids), feats, pos)
+    grown.compute_logits(h).logsumexp(-1).sum().backward()
+    assert new.self_attn.o_proj.weight.grad.abs().sum() > 0 and new.mlp.down_proj.weight.grad.abs().sum() > 0
+
+    folder = export_hf(src, tmp_path / "hf", dtype="float32")
+    m = _init_model(str(folder), dataclasses.replace(cfg, num_hidden_layers=3))
+    assert len(m.layers) == 3 and m.config.num_hidden_layers == 3
+    assert all(torch.equal(m.state_dict()[k], v) for k, v in src.state_dict().items())
+    assert m.layers[2].self_attn.o_proj.weight.abs().sum() == 0
+    with pytest.raises(SystemExit, match="num_hidden_layers: 2 in .*, 1 here"):
+        _init_model(str(folder), dataclasses.replace(cfg, num_hidden_layers=1))
+    with pytest.raises(ValueError, match="not more than"):
+        grow_layers(src, 2)
+
+
 def test_lr_schedule():
     f = lr_lambda(10, 110, 0.1)
     assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)

@@ -59,8 +59,9 @@ def _add_tiny_vocab(w: gguf.GGUFWriter) -> None:
 
 def write_tiny_target(path: str | Path, *, arch: str = "llama", hidden: int = 288, n_layer: int = 4,
                       n_head: int = 4, n_head_kv: int = 2, n_ff: int = 576, seed: int = 0,
-                      logit_std: float = 1.5, peak: float = 0.0, peak_token: int = 7) -> Path:
-    """Write a tiny random F32 target GGUF and return its path.
+                      logit_std: float = 1.5, peak: float = 0.0, peak_token: int = 7,
+                      weights: str = "f32") -> Path:
+    """Write a tiny random target GGUF (F32, or Q4_1 matmul weights) and return its path.
 
     Args:
         path: Output file.
@@ -72,7 +73,14 @@ def write_tiny_target(path: str | Path, *, arch: str = "llama", hidden: int = 28
             ``peak_token`` weight 1 there, so ``peak_token`` is often the argmax of the target
             AND of a random drafter (which reads the same embeddings and head): greedy drafts
             then get accepted, which exercises the acceptance path at T = 0.
+        weights: ``"f32"``, or ``"q4_1"``: the matrices that go through a matmul (output and
+            every attention / FFN projection) stored as Q4_1, the SmolLM2 target's type. On
+            CPUs whose F32 matmul takes another kernel for one row than for several (seen on
+            AVX-512 machines: logits ~1e-3 apart), only a quantized target gives one-token and
+            batched passes bit-identical logits, which greedy equality tests need.
     """
+    if weights not in ("f32", "q4_1"):
+        raise ValueError(f"weights must be 'f32' or 'q4_1', not {weights!r}")
     path = Path(path)
     rng = np.random.default_rng(seed)
     hd = hidden // n_head
@@ -81,6 +89,13 @@ def write_tiny_target(path: str | Path, *, arch: str = "llama", hidden: int = 28
     def mat(out_f: int, in_f: int, std: float | None = None) -> np.ndarray:
         s = (1.0 / np.sqrt(in_f)) if std is None else std
         return (rng.standard_normal((out_f, in_f)) * s).astype(np.float32)
+
+    def add_matrix(name: str, m: np.ndarray) -> None:
+        if weights == "f32":
+            w.add_tensor(name, m)
+        else:
+            q = gguf.GGMLQuantizationType.Q4_1
+            w.add_tensor(name, gguf.quants.quantize(m, q), raw_dtype=q)
 
     w = gguf.GGUFWriter(str(path), arch)
     w.add_context_length(2048)
@@ -101,20 +116,20 @@ def write_tiny_target(path: str | Path, *, arch: str = "llama", hidden: int = 28
         out[peak_token, 0] = 1.0
     w.add_tensor("token_embd.weight", emb)
     w.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
-    w.add_tensor("output.weight", out)
+    add_matrix("output.weight", out)
     for i in range(n_layer):
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
-        w.add_tensor(f"blk.{i}.attn_q.weight", mat(n_head * hd, hidden))
-        w.add_tensor(f"blk.{i}.attn_k.weight", mat(n_head_kv * hd, hidden))
-        w.add_tensor(f"blk.{i}.attn_v.weight", mat(n_head_kv * hd, hidden))
+        add_matrix(f"blk.{i}.attn_q.weight", mat(n_head * hd, hidden))
+        add_matrix(f"blk.{i}.attn_k.weight", mat(n_head_kv * hd, hidden))
+        add_matrix(f"blk.{i}.attn_v.weight", mat(n_head_kv * hd, hidden))
         if arch == "qwen2":
             for nm, n in (("q", n_head * hd), ("k", n_head_kv * hd), ("v", n_head_kv * hd)):
                 w.add_tensor(f"blk.{i}.attn_{nm}.bias", (rng.standard_normal(n) * 0.1).astype(np.float32))
-        w.add_tensor(f"blk.{i}.attn_output.weight", mat(hidden, n_head * hd))
+        add_matrix(f"blk.{i}.attn_output.weight", mat(hidden, n_head * hd))
         w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
-        w.add_tensor(f"blk.{i}.ffn_gate.weight", mat(n_ff, hidden))
-        w.add_tensor(f"blk.{i}.ffn_up.weight", mat(n_ff, hidden))
-        w.add_tensor(f"blk.{i}.ffn_down.weight", mat(hidden, n_ff))
+        add_matrix(f"blk.{i}.ffn_gate.weight", mat(n_ff, hidden))
+        add_matrix(f"blk.{i}.ffn_up.weight", mat(n_ff, hidden))
+        add_matrix(f"blk.{i}.ffn_down.weight", mat(hidden, n_ff))
     _write(w)
     return path
 

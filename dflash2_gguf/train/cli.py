@@ -169,15 +169,23 @@ def cmd_fit(args) -> int:
 
 def _init_model(folder: str, cfg):
     """The drafter of an authors'-format folder (``export``'s output, a shipped drafter) as the
-    starting weights of a new run; its config must equal the one this command line builds."""
+    starting weights of a new run; its config must equal the one this command line builds, but
+    for more ``--layers`` than the folder's: those are appended as identity layers
+    (:func:`~dflash2_gguf.train.model.grow_layers`), so the run starts from the folder's drafter."""
     import dataclasses
 
     from .export import load_hf
+    from .model import grow_layers
 
     if not (Path(folder) / "config.json").is_file():
         raise SystemExit(f"--init {folder}: no config.json there (give a folder that `export` wrote, "
                          "e.g. models/SmolLM2-135M-DFlash2)")
     model = load_hf(folder)
+    n_have = model.config.num_hidden_layers
+    if cfg.num_hidden_layers > n_have and model.config.layer_types is None:
+        model = grow_layers(model, cfg.num_hidden_layers)
+        print(f"--init {folder}: its {n_have} layers, then {cfg.num_hidden_layers - n_have} "
+              "identity layer(s) appended (--layers)", file=sys.stderr)
     have, want = dataclasses.asdict(model.config), dataclasses.asdict(cfg)
     differ = [f"{k}: {have[k]!r} in {folder}, {want[k]!r} here" for k in want if have.get(k) != want[k]]
     if differ:
@@ -323,7 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--init", default=None, metavar="HF_FOLDER",
                    help="start from the weights of this authors'-format folder (export's output, e.g. "
                         "models/SmolLM2-135M-DFlash2) instead of random ones; fresh optimizer and "
-                        "schedule; ignored when --out already holds checkpoint.pt (that resumes)")
+                        "schedule; ignored when --out already holds checkpoint.pt (that resumes). "
+                        "--layers above the folder's appends identity layers (the run starts from "
+                        "exactly the folder's drafter)")
     f.add_argument("--walk-anchors", type=float, default=0.0, metavar="SHARE",
                    help="share (0-1) of each sequence's anchors moved one T=0 decode pass on "
                         "(a + tau(a) under the current weights): the anchors decoding visits "

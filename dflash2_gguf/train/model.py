@@ -50,6 +50,7 @@ __all__ = [
     "DFlash2Drafter",
     "REFERENCE_KEY_MAP",
     "build_target_layer_ids",
+    "grow_layers",
     "rope_cos_sin",
 ]
 
@@ -656,3 +657,48 @@ class DFlash2Drafter(nn.Module):
         pos = torch.arange(start - c, start + bs, device=anchor_ids.device).expand(b, -1)
         h = self.forward(self.embed(ids), target_hidden, pos)[:, 1:]
         return self.candidate_selector.select(h, self.compute_logits(h), anchor_ids, temperature)
+
+
+def grow_layers(model: DFlash2Drafter, num_hidden_layers: int, *, seed: int = 0) -> DFlash2Drafter:
+    """A deeper drafter that computes exactly what ``model`` computes: ``model``'s weights, and
+    ``num_hidden_layers - model.config.num_hidden_layers`` decoder layers appended after its last
+    one, each an identity at the start (its ``self_attn.o_proj`` and ``mlp.down_proj`` zero, so
+    both residual branches add 0; the conv kernels, norms and other projections initialised as a
+    fresh drafter's, with ``seed``). Training then moves the new layers off the identity: the
+    zero-initialised residual branch of ReZero / "Fixup" (Bachlechner et al. 2020, Zhang et al.
+    2019), used here to try a deeper drafter without losing what the shallower one learnt.
+
+    Args:
+        model: the drafter to extend (float32 or any dtype; the result has its dtype). Its
+            target weights, when attached, are attached to the result too.
+        num_hidden_layers: the new depth, larger than ``model``'s.
+        seed: torch seed for the new layers' non-zero weights.
+
+    Returns:
+        a new :class:`DFlash2Drafter`; ``model`` is left unchanged.
+
+    Raises:
+        ValueError: ``num_hidden_layers`` is not larger than the model's, or the model's config
+            lists ``layer_types`` (which layer kind a new layer gets is not defined).
+    """
+    import dataclasses
+
+    cfg = model.config
+    if num_hidden_layers <= cfg.num_hidden_layers:
+        raise ValueError(f"grow_layers: {num_hidden_layers} layers is not more than the drafter's "
+                         f"{cfg.num_hidden_layers}")
+    if cfg.layer_types is not None:
+        raise ValueError("grow_layers: the drafter's config lists layer_types; a grown drafter "
+                         "would need one per new layer")
+    dtype = next(model.parameters()).dtype
+    torch.manual_seed(seed)
+    grown = DFlash2Drafter(dataclasses.replace(cfg, num_hidden_layers=num_hidden_layers)).to(dtype)
+    missing, unexpected = grown.load_state_dict(model.state_dict(), strict=False)
+    assert not unexpected and all(k.startswith("layers.") for k in missing), (missing, unexpected)
+    with torch.no_grad():
+        for layer in grown.layers[cfg.num_hidden_layers:]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    if model.embed_tokens is not None:
+        grown.embed_tokens, grown.lm_head = model.embed_tokens, model.lm_head
+    return grown
