@@ -17,7 +17,8 @@ Reads every ``<runs>/*/bench.json`` (written by ``dflash2-gguf bench --out``), a
 - per-position conditional acceptance per run, and one plot with a line per run.
 
 Text between ``<!-- analysis -->`` and ``<!-- /analysis -->`` in an existing output file is kept:
-that is where the hand-written reading of the figures goes.
+that is where the hand-written reading of the figures goes; so is everything after
+``<!-- /analysis -->`` (measurements added by hand).
 
 Draft-length sweeps (``dflash2-gguf bench --sweep --out <runs>/sweep-<set>-t<T>``, issue 14: the
 target alone, every fixed k and the adaptive policy on the same requests, back to back) are read
@@ -526,6 +527,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                              before="## Summary")
     elif old_sweeps:  # no sweep this time: the section stays as it was
         text = replace_block(text, SWEEP_START + old_sweeps + SWEEP_END, SWEEP_START, SWEEP_END, before="## Summary")
+    if KEEP_END in old:  # hand-written sections after the analysis stay too
+        after = old.split(KEEP_END, 1)[1].strip("\n")
+        if after:
+            text = text.rstrip("\n") + "\n\n" + after + "\n"
     tmp.write_text(text)
     os.replace(tmp, a.out)
     print(f"wrote {a.out} ({len(reps)} runs) and {a.plot}")

@@ -29,8 +29,9 @@ MIN_SHARDS=${MIN_SHARDS:-2}
 export OMP_WAIT_POLICY=passive PYTHONUNBUFFERED=1
 mkdir -p "$WORK" "$FEATS" "$RUN"
 TARGET=$(python -c 'from dflash2_gguf.assets import fetch; print(fetch("smollm2-135m-instruct-q4_1"))')
-# drafter shape (docs/TRAINING.md): 2 layers, block 8, 3 target layers, selector rank 128 / top-k 16
-SHAPE=(--layers 2 --target-layer-ids 1,14,27)
+# drafter shape (docs/TRAINING.md): 2 layers, block 8, 3 target layers, selector rank 128 / top-k 16;
+# LAYERS=3 with INIT=<a 2-layer folder> grows it: the new layer starts as the identity (fit --init)
+SHAPE=(--layers ${LAYERS:-2} --target-layer-ids 1,14,27)
 
 # SKIP=N FAMILIES=math,code (PROMPTS=mix): the mix past its first N prompts, those families only,
 # captured into their own folder $WORK/feats-from<N>-<families> (fit trains on every feats* folder)

@@ -223,9 +223,11 @@ def test_bench_cli_smoke(native_ext, smollm2_gguf, smollm2_drafters, tmp_path):
     assert "dflash2-gguf bench ... --dataset gsm8k" in text and "pp.png" in text
     assert "as many as the adaptive draft length chooses" in text  # the run's default: adaptive on
     assert (tmp_path / "pp.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    bm.write_text(text.replace("(to be written after the run)", "Drafting pays on gsm8k."))
+    bm.write_text(text.replace("(to be written after the run)", "Drafting pays on gsm8k.")
+                  + "\n## Measured by hand\n\nA table.\n")
     br.main(["--runs", str(runs), "--out", str(bm), "--plot", str(tmp_path / "pp.png")])
-    assert "Drafting pays on gsm8k." in bm.read_text()
+    again = bm.read_text()
+    assert "Drafting pays on gsm8k." in again and again.endswith("<!-- /analysis -->\n\n## Measured by hand\n\nA table.\n")
 
 
 
