@@ -465,7 +465,8 @@ def test_grown_drafter_computes_what_the_shallower_one_did_then_trains_its_new_l
         h_src = src(src.embed(ids), feats, pos)
         h_grown = grown(grown.embed(ids), feats, pos)
     assert torch.equal(h_src, h_grown)
-    assert all(torch.equal(a, b) for a, b in zip(src.draft(feats, anchors, 20)[:2], grown.draft(feats, anchors, 20)[:2]))
+    drafts_src, drafts_grown = src.draft(feats, anchors, 20), grown.draft(feats, anchors, 20)
+    assert all(torch.equal(a, b) for a, b in zip(drafts_src[:2], drafts_grown[:2]))  # path, candidates
 
     # the new layer learns: its zero o_proj / down_proj get gradients at once
     grown.train()

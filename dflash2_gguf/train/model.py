@@ -691,8 +691,9 @@ def grow_layers(model: DFlash2Drafter, num_hidden_layers: int, *, seed: int = 0)
         raise ValueError("grow_layers: the drafter's config lists layer_types; a grown drafter "
                          "would need one per new layer")
     dtype = next(model.parameters()).dtype
-    torch.manual_seed(seed)
-    grown = DFlash2Drafter(dataclasses.replace(cfg, num_hidden_layers=num_hidden_layers)).to(dtype)
+    with torch.random.fork_rng(devices=[]):  # the caller's RNG state is left as it was
+        torch.manual_seed(seed)
+        grown = DFlash2Drafter(dataclasses.replace(cfg, num_hidden_layers=num_hidden_layers)).to(dtype)
     missing, unexpected = grown.load_state_dict(model.state_dict(), strict=False)
     assert not unexpected and all(k.startswith("layers.") for k in missing), (missing, unexpected)
     with torch.no_grad():
