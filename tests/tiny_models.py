@@ -90,6 +90,8 @@ def write_tiny_target(path: str | Path, *, arch: str = "llama", hidden: int = 28
         s = (1.0 / np.sqrt(in_f)) if std is None else std
         return (rng.standard_normal((out_f, in_f)) * s).astype(np.float32)
 
+    w = gguf.GGUFWriter(str(path), arch)
+
     def add_matrix(name: str, m: np.ndarray) -> None:
         if weights == "f32":
             w.add_tensor(name, m)
@@ -97,7 +99,6 @@ def write_tiny_target(path: str | Path, *, arch: str = "llama", hidden: int = 28
             q = gguf.GGMLQuantizationType.Q4_1
             w.add_tensor(name, gguf.quants.quantize(m, q), raw_dtype=q)
 
-    w = gguf.GGUFWriter(str(path), arch)
     w.add_context_length(2048)
     w.add_embedding_length(hidden)
     w.add_block_count(n_layer)

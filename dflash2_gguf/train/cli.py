@@ -182,8 +182,11 @@ def _init_model(folder: str, cfg):
                          "e.g. models/SmolLM2-135M-DFlash2)")
     model = load_hf(folder)
     n_have = model.config.num_hidden_layers
-    if cfg.num_hidden_layers > n_have and model.config.layer_types is None:
-        model = grow_layers(model, cfg.num_hidden_layers)
+    if cfg.num_hidden_layers > n_have:
+        try:
+            model = grow_layers(model, cfg.num_hidden_layers)
+        except ValueError as e:
+            raise SystemExit(f"--init {folder}: {e}") from None
         print(f"--init {folder}: its {n_have} layers, then {cfg.num_hidden_layers - n_have} "
               "identity layer(s) appended (--layers)", file=sys.stderr)
     have, want = dataclasses.asdict(model.config), dataclasses.asdict(cfg)

@@ -701,5 +701,5 @@ def grow_layers(model: DFlash2Drafter, num_hidden_layers: int, *, seed: int = 0)
             layer.self_attn.o_proj.weight.zero_()
             layer.mlp.down_proj.weight.zero_()
     if model.embed_tokens is not None:
-        grown.embed_tokens, grown.lm_head = model.embed_tokens, model.lm_head
+        grown.set_target_weights(model.embed_tokens, model.lm_head)
     return grown
