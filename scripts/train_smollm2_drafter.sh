@@ -57,14 +57,15 @@ fit() {
   # HELD_OUT (a glob, default shard-00000) is held out (greedy tau on it is logged, per prompt
   # family for the mix); training re-globs the other shards every 100 steps while capture is
   # still writing them. INIT=HF_FOLDER starts from those weights (e.g. models/SmolLM2-135M-DFlash2),
-  # WD sets AdamW's weight decay, WALK (0-1) the share of anchors moved one decode pass on
-  # (fit --walk-anchors), EVAL_WALK=N the decode-walk tau of N held-out sequences per family.
+  # WD sets AdamW's weight decay, FDROP (0-1) the dropout on the fused target features, WALK
+  # (0-1) the share of anchors moved one decode pass on (fit --walk-anchors), EVAL_WALK=N the decode-walk tau of N held-out sequences per family.
   python -m dflash2_gguf.train fit --target "$TARGET" "${SHAPE[@]}" --block-size 8 \
     --selector-rank 128 --selector-top-k 16 --vocab data --shards "$WORK"/'feats*/shard-*.safetensors' \
     --reload-shards-every 100 ${INIT:+--init "$INIT"} --weight-decay ${WD:-0} \
     --eval-shards "$FEATS/${HELD_OUT:-shard-00000.safetensors}" --eval-every ${EVAL_EVERY:-200} \
     --steps ${STEPS:-6000} --lr ${LR:-1e-3} --warmup 100 --batch-size ${BS:-4} --max-len 512 \
     --anchors ${ANCHORS:-16} --walk-anchors ${WALK:-0} --eval-walk-seqs ${EVAL_WALK:-0} \
+    --feature-dropout ${FDROP:-0} \
     --save-every ${SAVE_EVERY:-50} --threads ${THREADS:-2} --out "$RUN"
 }
 

@@ -336,6 +336,46 @@ def test_loss_weights_and_accuracy_counts():
     assert m.embed_tokens.grad is None  # frozen
 
 
+def test_feature_dropout_drops_fused_context_rows_in_training_only():
+    """``feature_dropout=p`` zeroes a share p of the fused context features (``hidden_norm(fc(.))``)
+    that every layer attends to, scales the rest by 1 / (1 - p), and does nothing in eval mode
+    (inference, held-out tau) or at p = 0; the loss passes it through."""
+    cfg = _tiny()
+    m = random_drafter(cfg)
+    g = torch.Generator().manual_seed(2)
+    C, Q = 30, cfg.block_size
+    feats = torch.randn(1, C, 2 * H, generator=g)
+    emb = m.embed(torch.randint(0, V - 1, (1, Q), generator=g))
+    pos = torch.arange(C + Q)[None]
+    seen = []
+    hook = m.layers[0].register_forward_pre_hook(lambda mod, args: seen.append(args[1].detach().clone()))
+    m.train()
+    h0 = m(emb, feats, pos, feature_dropout=0.0)
+    torch.manual_seed(3)
+    h1 = m(emb, feats, pos, feature_dropout=0.5)
+    torch.manual_seed(3)
+    h1_again = m(emb, feats, pos, feature_dropout=0.5)
+    m.eval()
+    h_eval = m(emb, feats, pos, feature_dropout=0.5)
+    hook.remove()
+    ctx0, ctx1, _, ctx_eval = seen
+    dropped = ctx1 == 0
+    assert 0.4 < dropped.float().mean() < 0.6                       # p = 0.5 of C * H entries
+    assert torch.allclose(ctx1[~dropped], 2.0 * ctx0[~dropped], atol=1e-6)
+    assert torch.equal(ctx_eval, ctx0) and torch.equal(h_eval, h0)  # eval mode: off
+    assert torch.equal(h1, h1_again) and not torch.allclose(h1, h0, atol=1e-3)
+
+    m.train()
+    L = 24
+    batch = O.Batch(torch.randint(0, V - 1, (2, L), generator=g), torch.randn(2, L, 2 * H, generator=g),
+                    torch.arange(L).expand(2, -1), torch.tensor([24, 20]), torch.tensor([0, 2]))
+    anchors = O.sample_anchors(batch.lengths, batch.anchor_min, 5, torch.Generator().manual_seed(1))
+    plain = O.dflash2_loss(m, batch, 5, anchors=anchors)
+    assert torch.equal(O.dflash2_loss(m, batch, 5, anchors=anchors, feature_dropout=0.0).loss, plain.loss)
+    assert not torch.allclose(O.dflash2_loss(m, batch, 5, anchors=anchors, feature_dropout=0.5).loss,
+                              plain.loss)
+
+
 def test_loss_goes_down_on_synthetic_shard(tmp_path):
     cfg = _tiny()
     p = _synthetic_shard(tmp_path / "s.safetensors", cfg)

@@ -137,6 +137,9 @@ def cmd_fit(args) -> int:
     if not 0.0 <= args.walk_anchors <= 1.0:
         raise SystemExit(f"--walk-anchors {args.walk_anchors}: a share of the anchors, give a "
                          "number from 0 to 1")
+    if not 0.0 <= args.feature_dropout < 1.0:
+        raise SystemExit(f"--feature-dropout {args.feature_dropout}: a probability, give a number "
+                         "from 0 (off) up to but not including 1")
     info = _target_info(args.target)
     held = {str(Path(p).resolve()) for pat in args.eval_shards for p in glob.glob(pat)}
     shards = sorted(p for pat in args.shards for p in glob.glob(pat) if str(Path(p).resolve()) not in held)
@@ -159,7 +162,7 @@ def cmd_fit(args) -> int:
                        eval_every=args.eval_every, vocab=args.vocab, threads=args.threads,
                        lr_total_steps=args.lr_total_steps, shard_globs=list(args.shards),
                        reload_every=args.reload_shards_every, walk_anchor_share=args.walk_anchors,
-                       eval_walk_seqs=args.eval_walk_seqs)
+                       eval_walk_seqs=args.eval_walk_seqs, feature_dropout=args.feature_dropout)
     _, state = train(cfg, tcfg, model=model)
     last = next((h for h in reversed(state.history) if "loss" in h), {})
     tau = next((h for h in reversed(state.history) if "tau" in h), None)
@@ -344,6 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--eval-walk-seqs", type=int, default=0, metavar="N",
                    help="also log the decode-walk tau (what bench --temp 0 sees) of the first N "
                         "held-out sequences of each family at every evaluation")
+    f.add_argument("--feature-dropout", type=float, default=0.0, metavar="P",
+                   help="dropout probability on the fused target features (hidden_norm(fc(.))) "
+                        "of the context rows while training; 0 (default): off")
     f.add_argument("--device", default="cpu")
     f.add_argument("--bf16", action="store_true", help="bfloat16 autocast (GPUs)")
     f.set_defaults(func=cmd_fit)

@@ -64,6 +64,7 @@ class TrainConfig:
     eval_batches: int = 4
     eval_walk_seqs: int = 0             # >0: also the decode-walk tau of N held-out sequences per family
     walk_anchor_share: float = 0.0      # share of anchors moved one decode pass on (walk_step_anchors)
+    feature_dropout: float = 0.0        # dropout on the fused target features (training only)
     vocab: str = "full"                 # "data": softmax over the token ids present in the shards
     threads: int | None = None          # torch CPU threads (None: torch's default)
     lr_total_steps: int | None = None   # length of the cosine schedule (None: steps)
@@ -275,7 +276,7 @@ def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
                                             gen, vocab)
             res = dflash2_loss(model, batch, cfg.anchors_per_seq, gamma=cfg.gamma,
                                selector_weight=cfg.selector_weight, generator=gen, vocab=vocab,
-                               anchors=anchors)
+                               anchors=anchors, feature_dropout=cfg.feature_dropout)
         opt.zero_grad(set_to_none=True)
         res.loss.backward()
         if cfg.grad_clip:

@@ -586,7 +586,7 @@ class DFlash2Drafter(nn.Module):
 
     def forward(self, noise_embedding: torch.Tensor, target_hidden: torch.Tensor,
                 position_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                block_len: int | None = None) -> torch.Tensor:
+                block_len: int | None = None, feature_dropout: float = 0.0) -> torch.Tensor:
         """Run the block rows; returns post-``norm`` hidden [B, Q, H].
 
         Args:
@@ -596,12 +596,17 @@ class DFlash2Drafter(nn.Module):
             attention_mask: bool [B|1, 1, Q, C+Q], True = visible; None = all visible. Causal
                 and sliding-window limits of the config are ANDed in, from positions.
             block_len: rows per block for the convs' zero padding (default Q: one block).
+            feature_dropout: dropout probability on the fused context rows (``hidden_norm(fc(.))``,
+                elementwise, scaled by ``1 / (1 - p)``), applied only in training mode: a
+                regulariser for the small-data regime (docs/TRAINING.md); 0 at inference.
         """
         q_len = noise_embedding.shape[1]
         block_len = q_len if block_len is None else block_len
         if q_len % block_len:
             raise ValueError(f"{q_len} block rows is not a multiple of block_len {block_len}")
         ctx = self.hidden_norm(self.fc(target_hidden.to(noise_embedding.dtype)))
+        if feature_dropout and self.training:
+            ctx = nn.functional.dropout(ctx, feature_dropout, training=True)
         cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta,
                                 noise_embedding.dtype)
         masks = self._layer_masks(attention_mask, position_ids, q_len)

@@ -160,7 +160,7 @@ def block_attention_mask(anchors: torch.Tensor, ctx_len: int, block_size: int) -
 def dflash2_loss(model: DFlash2Drafter, batch: Batch, n_anchors: int, *, gamma: float | None = None,
                  selector_weight: float = 1.0, generator: torch.Generator | None = None,
                  anchors: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 vocab: torch.Tensor | None = None) -> LossOutput:
+                 vocab: torch.Tensor | None = None, feature_dropout: float = 0.0) -> LossOutput:
     """The DFlash 2 loss of one batch (see the module docstring).
 
     Args:
@@ -175,6 +175,8 @@ def dflash2_loss(model: DFlash2Drafter, batch: Batch, n_anchors: int, *, gamma: 
             only (a restricted-vocabulary approximation that makes the output head, the
             dominant CPU cost, ``V / len(vocab)`` times cheaper; labels outside it are ignored).
             None: the full vocabulary (the authors' objective).
+        feature_dropout: dropout probability on the fused target features of the context rows
+            (:meth:`DFlash2Drafter.forward`; only while the model is in training mode).
     """
     cfg = model.config
     bs = cfg.block_size
@@ -189,7 +191,8 @@ def dflash2_loss(model: DFlash2Drafter, batch: Batch, n_anchors: int, *, gamma: 
     mask = block_attention_mask(anc, ctx_len, bs)
     pos = torch.cat([batch.positions, bpos], dim=1)
     emb = model.embed(ids)
-    hidden = model(emb, batch.features, pos, attention_mask=mask, block_len=bs)
+    hidden = model(emb, batch.features, pos, attention_mask=mask, block_len=bs,
+                   feature_dropout=feature_dropout)
     hidden = hidden.view(b, a, bs, -1)[:, :, 1:]                        # rows 1..bs-1
     labels, pred = labels[:, :, 1:], pred[:, :, 1:]
     labels_full = labels
