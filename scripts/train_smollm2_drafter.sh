@@ -58,7 +58,8 @@ fit() {
   # family for the mix); training re-globs the other shards every 100 steps while capture is
   # still writing them. INIT=HF_FOLDER starts from those weights (e.g. models/SmolLM2-135M-DFlash2),
   # WD sets AdamW's weight decay, FDROP (0-1) the dropout on the fused target features, WALK
-  # (0-1) the share of anchors moved one decode pass on (fit --walk-anchors), EVAL_WALK=N the decode-walk tau of N held-out sequences per family.
+  # (0-1) the share of anchors moved one decode pass on (fit --walk-anchors), EVAL_WALK=N the
+  # decode-walk tau of N held-out sequences per family.
   python -m dflash2_gguf.train fit --target "$TARGET" "${SHAPE[@]}" --block-size 8 \
     --selector-rank 128 --selector-top-k 16 --vocab data --shards "$WORK"/'feats*/shard-*.safetensors' \
     --reload-shards-every 100 ${INIT:+--init "$INIT"} --weight-decay ${WD:-0} \

@@ -605,8 +605,8 @@ class DFlash2Drafter(nn.Module):
         if q_len % block_len:
             raise ValueError(f"{q_len} block rows is not a multiple of block_len {block_len}")
         ctx = self.hidden_norm(self.fc(target_hidden.to(noise_embedding.dtype)))
-        if feature_dropout and self.training:
-            ctx = nn.functional.dropout(ctx, feature_dropout, training=True)
+        if feature_dropout:
+            ctx = nn.functional.dropout(ctx, feature_dropout, training=self.training)
         cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta,
                                 noise_embedding.dtype)
         masks = self._layer_masks(attention_mask, position_ids, q_len)
