@@ -45,10 +45,11 @@ def test_pairs_with_the_default_target(smollm2_gguf):
     from convert import inspect_gguf
 
     info = inspect_gguf(GGUF, target=smollm2_gguf)
+    layers = json.loads(META.read_text())["drafter"]["layers"]
     assert info["architecture"] == "dflash" and info["version"] == "v2"
     assert info["fits"] and info["reasons"] == []
     assert info["target_layers_hf"] == [1, 14, 27]
-    assert info["keys"]["dflash.block_count"] == 2 and info["mask_token_id"] == 0
+    assert info["keys"]["dflash.block_count"] == layers == 3 and info["mask_token_id"] == 0
 
 
 @pytest.mark.native
