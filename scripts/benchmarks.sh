@@ -30,15 +30,21 @@ MAX_NEW=${MAX_NEW:-128}
 SIDE=${SIDE---upstream --prompt-lookup}
 SIDE_TEMPS=${SIDE_TEMPS:-$TEMPS}
 mkdir -p "$RUNS"
+# record_command FILE OUT CMD: one line per run folder in FILE, this run's replacing an earlier
+# one. Called only for runs about to start: a kept run keeps the line that made it (a rerun with
+# another SIDE must not rewrite it).
+record_command() {
+  { grep -v -- "--out $2 " "$1" || true; echo "$3" | sed "s#$HOME#~#g"; } > "$1.tmp"
+  mv "$1.tmp" "$1"
+}
 if [[ ${MODE:-bench} == sweep ]]; then
   touch "$RUNS/sweep-commands.txt"
   for ds in $SETS; do
     for t in $TEMPS; do
       out=$RUNS/sweep-$ds-t$t
       cmd="dflash2-gguf bench -m $TARGET -md $DRAFTER --dataset $ds --n-prompts $N_PROMPTS --max-new-tokens $MAX_NEW --temp $t --seed 0 --sweep --out $out ${THREADS:+-t $THREADS}"
-      { grep -v -- "--out $out " "$RUNS/sweep-commands.txt" || true; echo "$cmd " | sed "s#$HOME#~#g"; } > "$RUNS/sweep-commands.tmp"
-      mv "$RUNS/sweep-commands.tmp" "$RUNS/sweep-commands.txt"
       if [[ -f $out/sweep.json ]]; then echo "kept: $out" >&2; continue; fi
+      record_command "$RUNS/sweep-commands.txt" "$out" "$cmd"
       echo "+ $cmd" >&2
       $cmd > "$out.log" 2>&1 || { echo "FAILED: $ds T=$t (see $out.log)" >&2; exit 1; }
       grep -E "^adaptive /" "$out.log" || true
@@ -56,10 +62,8 @@ for ds in $SETS; do
     side=""
     [[ " $SIDE_TEMPS " == *" $t "* ]] && side=$SIDE
     cmd="dflash2-gguf bench -m $TARGET -md $DRAFTER --dataset $ds --n-prompts $N_PROMPTS --max-new-tokens $MAX_NEW --temp $t --seed 0 --spec-draft-adaptive ${ADAPTIVE:-off} $side --out $RUNS/$ds-t$t ${THREADS:+-t $THREADS}"
-    # one line per run folder in commands.txt: this run's replaces an earlier one
-    { grep -v -- "--out $RUNS/$ds-t$t " "$RUNS/commands.txt" || true; echo "$cmd" | sed "s#$HOME#~#g"; } > "$RUNS/commands.tmp"
-    mv "$RUNS/commands.tmp" "$RUNS/commands.txt"
     if [[ -f $RUNS/$ds-t$t/bench.json ]]; then echo "kept: $RUNS/$ds-t$t" >&2; continue; fi
+    record_command "$RUNS/commands.txt" "$RUNS/$ds-t$t" "$cmd"
     echo "+ $cmd" >&2
     $cmd > "$RUNS/$ds-t$t.log" 2>&1 || { echo "FAILED: $ds T=$t (see $RUNS/$ds-t$t.log)" >&2; exit 1; }
     tail -n 30 "$RUNS/$ds-t$t.log" | grep -E "^\| target" || true
