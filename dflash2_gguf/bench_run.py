@@ -53,6 +53,10 @@ def run_bench(
 ) -> dict:
     """Run the benchmark and return the report (a JSON-ready dict); write files into ``out``.
 
+    Every request runs twice on one decoder, target alone then with the drafter, each prefilling
+    its whole prompt on an emptied KV cache (``cache_prompt=False``): a request's texts do not
+    depend on the requests before it, and match a cold run of the same prompt.
+
     Args:
         target / drafter: GGUF paths.
         dataset: A key of :data:`~dflash2_gguf.prompt_sets.DATASETS` or a file (see there).
@@ -105,7 +109,10 @@ def run_bench(
             raise ValueError("the benchmark needs a drafter (-md)")
         block = dec.block_size
         nmax = block - 1 if n_draft_max is None else int(n_draft_max)
-        gen = dict(max_tokens=max_new_tokens, n_draft_max=n_draft_max, adaptive=adaptive)
+        # Every request prefills its whole prompt on an emptied cache (cache_prompt=False), as a
+        # cold run does: reusing the request before it changes the prefill's rows and the KV
+        # cells in use, so the kernels sum in another order and greedy texts can part at near-ties.
+        gen = dict(max_tokens=max_new_tokens, n_draft_max=n_draft_max, adaptive=adaptive, cache_prompt=False)
         if warmup:
             msgs = [{"role": "user", "content": prompts[0][0]}]
             for use in (False, True):

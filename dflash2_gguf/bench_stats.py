@@ -65,7 +65,7 @@ def run_dict(res, with_spec: bool) -> dict:
     st = res.stats
     d = dict(n_generated=st.n_generated, t_total_s=st.t_total_s, t_prefill_s=st.t_prefill_s,
              tokens_per_second=st.tokens_per_second, decode_tokens_per_second=st.decode_tokens_per_second,
-             stop_reason=st.stop_reason, n_cycles=st.n_cycles)
+             stop_reason=st.stop_reason, n_cycles=st.n_cycles, n_cached=st.n_cached)
     if not with_spec:
         d["text"] = res.text
     else:
