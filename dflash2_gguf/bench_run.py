@@ -55,7 +55,9 @@ def run_bench(
 
     Every request runs twice on one decoder, target alone then with the drafter, each prefilling
     its whole prompt on an emptied KV cache (``cache_prompt=False``): a request's texts do not
-    depend on the requests before it, and match a cold run of the same prompt.
+    depend on the requests before it, and match a cold run of the same prompt (a reused prefix
+    changes the prefill's batch shapes, so ggml sums in another order and greedy texts can part
+    at near-ties).
 
     Args:
         target / drafter: GGUF paths.
@@ -109,9 +111,7 @@ def run_bench(
             raise ValueError("the benchmark needs a drafter (-md)")
         block = dec.block_size
         nmax = block - 1 if n_draft_max is None else int(n_draft_max)
-        # Every request prefills its whole prompt on an emptied cache (cache_prompt=False), as a
-        # cold run does: reusing the request before it changes the prefill's rows and the KV
-        # cells in use, so the kernels sum in another order and greedy texts can part at near-ties.
+        # cache_prompt=False: a cold prefill per run (why: the docstring)
         gen = dict(max_tokens=max_new_tokens, n_draft_max=n_draft_max, adaptive=adaptive, cache_prompt=False)
         if warmup:
             msgs = [{"role": "user", "content": prompts[0][0]}]
