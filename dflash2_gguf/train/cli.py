@@ -42,7 +42,9 @@ __all__ = ["main", "load_prompts", "load_prompt_families"]
 def load_prompt_families(spec: str, limit: int | None = None, seed: int = 42, *, skip: int = 0,
                          families: str | None = None) -> tuple[list[str], list[str] | None]:
     """:func:`load_prompts` and the prompt family of each prompt: the mix's (``math`` / ``code`` /
-    ``chat``) for ``"mix"``, None for any other ``spec`` (one set: no families).
+    ``chat``) for ``"mix"``, ``word-math`` for ``"word-math"`` (the word problems beside the mix,
+    :func:`dflash2_gguf.train.prompt_mix.word_math_mix`), None for any other ``spec`` (one set:
+    no families).
 
     For the mix only: ``skip`` drops the first ``skip`` prompts of the whole mix, then
     ``families`` (comma-separated, e.g. ``"math,code"``) keeps those families, the mix's order
@@ -64,6 +66,12 @@ def load_prompt_families(spec: str, limit: int | None = None, seed: int = 42, *,
         pairs = [(f, p) for f, p in prompt_mix(seed=seed)[max(0, skip):] if f in keep]
         pairs = pairs[:limit] if limit else pairs
         return [p for _, p in pairs], [f for f, _ in pairs]
+    if spec == "word-math" and not (skip or families):
+        from .prompt_mix import word_math_mix
+
+        pairs = word_math_mix(seed=seed)
+        pairs = pairs[:limit] if limit else pairs
+        return [p for _, p in pairs], [f for f, _ in pairs]
     if skip or families:
         raise SystemExit(f"--skip / --families select from the mix: use --prompts mix (not {spec!r})")
     return load_prompts(spec, limit, seed), None
@@ -71,17 +79,18 @@ def load_prompt_families(spec: str, limit: int | None = None, seed: int = 42, *,
 
 def load_prompts(spec: str, limit: int | None = None, seed: int = 42) -> list[str]:
     """Training prompts: ``"mix"`` (:mod:`dflash2_gguf.train.prompt_mix`: prompt families disjoint
-    from every benchmark set), or the first user turn of the rows of prompt set ``spec`` (a name of
-    :data:`dflash2_gguf.prompt_sets.DATASETS`, an asset name such as ``gsm8k-test``, a ``.jsonl``
-    file or a text file with one prompt per line), with the authors' templates, picked as the
-    benchmark picks them (``random.Random(seed).shuffle``) and cut to ``limit`` (None or 0: all).
+    from every benchmark set), ``"word-math"`` (the word problems beside it), or the first user
+    turn of the rows of prompt set ``spec`` (a name of :data:`dflash2_gguf.prompt_sets.DATASETS`,
+    an asset name such as ``gsm8k-test``, a ``.jsonl`` file or a text file with one prompt per
+    line), with the authors' templates, picked as the benchmark picks them
+    (``random.Random(seed).shuffle``) and cut to ``limit`` (None or 0: all).
 
     Raises:
         SystemExit: an unknown set or a row without a prompt (the message names the sets).
     """
     from ..prompt_sets import first_turns
 
-    if spec == "mix":
+    if spec in ("mix", "word-math"):
         return load_prompt_families(spec, limit, seed)[0]
     try:
         return first_turns(spec, limit or None, seed=seed)
@@ -276,7 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("capture", help="generate with the target and store its hidden states")
     common(c)
     c.add_argument("--prompts", default="gsm8k-train",
-                   help="mix (train/prompt_mix.py: disjoint from every benchmark set), a prompt set name or a file")
+                   help="mix (train/prompt_mix.py: disjoint from every benchmark set), word-math (the "
+                        "ASDiv / SVAMP / MAWPS word problems beside it), a prompt set name or a file")
     c.add_argument("--limit", type=int, default=None)
     c.add_argument("--skip", type=int, default=0,
                    help="--prompts mix: leave out the mix's first N prompts (those an earlier capture took)")

@@ -13,6 +13,11 @@ Families (each row's first user turn, with the DFlash authors' template of its s
 
 Not yet in the mix: further code-instruction sets.
 
+Beside the mix (its own prompt set, ``capture --prompts word-math``, so the mix's order, which
+the committed answers are keyed by, never changes): :data:`WORD_MATH`, grade-school word
+problems from ASDiv, SVAMP and MAWPS (assets ``asdiv``, ``svamp``, ``mawps``), each text once,
+GSM8K's template, family ``word-math`` (:func:`word_math_mix`).
+
 Never in the mix: any row of a benchmark set (:data:`BENCHMARK_SETS`: GSM8K test, MATH-500,
 HumanEval, MBPP's test tasks, MT-Bench). :func:`benchmark_overlap` compares texts after
 whitespace and case folding; :func:`prompt_mix` drops a row that matches (MBPP has a few tasks
@@ -28,8 +33,9 @@ import random
 import re
 from typing import Iterable, Optional
 
-__all__ = ["FAMILIES", "MBPP_TRAIN_TASK_IDS", "MBPP_TEST_TASK_IDS", "BENCHMARK_SETS", "CHAT_CHARS", "CHAT_MIN_ASCII",
-           "family_prompts", "sharegpt_first_turns", "benchmark_texts", "benchmark_overlap", "prompt_mix"]
+__all__ = ["FAMILIES", "WORD_MATH", "MBPP_TRAIN_TASK_IDS", "MBPP_TEST_TASK_IDS", "BENCHMARK_SETS", "CHAT_CHARS", "CHAT_MIN_ASCII",
+           "family_prompts", "sharegpt_first_turns", "benchmark_texts", "benchmark_overlap", "prompt_mix",
+           "word_math_problems", "word_math_mix"]
 
 #: MBPP's split by task id (the original release; Hugging Face ``mbpp`` "full" config).
 MBPP_TEST_TASK_IDS = range(11, 511)
@@ -39,6 +45,9 @@ MBPP_TRAIN_TASK_IDS = tuple(range(511, 601)) + tuple(range(601, 975))  # validat
 BENCHMARK_SETS = ("gsm8k", "math500", "humaneval", "mbpp-test", "mt-bench")
 
 FAMILIES = ("math", "code", "chat")
+
+#: The word-problem prompt set beside the mix (:func:`word_math_mix`): its name and family.
+WORD_MATH = "word-math"
 
 #: The chat family's filter: characters of a first turn, and its least share of ASCII characters.
 CHAT_CHARS = (16, 4000)
@@ -100,6 +109,44 @@ def _mbpp_rows(task_ids: Iterable[int]) -> list:
 
     keep = set(task_ids)
     return [r for r in load_rows("mbpp") if int(r["task_id"]) in keep]
+
+
+def word_math_problems() -> list:
+    """Every grade-school word problem of ASDiv (``body`` + ``question``), SVAMP (``Body`` + ``.`` +
+    ``Question``) and MAWPS (``input``), in that order, each text once (whitespace and case
+    folded): 4,975 of the files' 5,280 rows (SVAMP varies ASDiv-A problems; MAWPS and ASDiv
+    share some). The raw problems, no template."""
+    import json
+
+    from ..assets import fetch
+
+    def rows(name):
+        with open(fetch(name), encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    texts = [f"{r['body'].strip()} {r['question'].strip()}" for r in rows("asdiv")]
+    texts += [f"{r['Body'].strip().rstrip('.')}. {r['Question'].strip()}" for r in rows("svamp")]
+    texts += [r["input"].strip() for r in rows("mawps")]
+    seen, out = set(), []
+    for t in texts:
+        if _norm(t) not in seen:
+            seen.add(_norm(t))
+            out.append(t)
+    return out
+
+
+def word_math_mix(*, seed: int = 42) -> list:
+    """``(WORD_MATH, prompt)`` pairs: :func:`word_math_problems` with GSM8K's template (the
+    authors' math template, :data:`dflash2_gguf.prompt_sets.MATH_SUFFIX`), shuffled with
+    ``random.Random(seed)`` (any prefix mixes the three sources); a text that is a benchmark
+    set's (:func:`benchmark_overlap`) is dropped."""
+    from ..prompt_sets import MATH_SUFFIX
+
+    bench = benchmark_texts()
+    pairs = [(WORD_MATH, t + MATH_SUFFIX) for t in word_math_problems()
+             if _norm(t) not in bench and _norm(t + MATH_SUFFIX) not in bench]
+    random.Random(seed).shuffle(pairs)
+    return pairs
 
 
 def family_prompts(family: str) -> list:
