@@ -64,17 +64,16 @@ def load_prompt_families(spec: str, limit: int | None = None, seed: int = 42, *,
         if bad:  # before the mix is built: a typo fails at once
             raise SystemExit(f"--families: unknown family {bad[0]!r}: use some of {', '.join(FAMILIES)}")
         pairs = [(f, p) for f, p in prompt_mix(seed=seed)[max(0, skip):] if f in keep]
-        pairs = pairs[:limit] if limit else pairs
-        return [p for _, p in pairs], [f for f, _ in pairs]
-    if spec == "word-math" and not (skip or families):
+    elif skip or families:
+        raise SystemExit(f"--skip / --families select from the mix: use --prompts mix (not {spec!r})")
+    elif spec == "word-math":
         from .prompt_mix import word_math_mix
 
         pairs = word_math_mix(seed=seed)
-        pairs = pairs[:limit] if limit else pairs
-        return [p for _, p in pairs], [f for f, _ in pairs]
-    if skip or families:
-        raise SystemExit(f"--skip / --families select from the mix: use --prompts mix (not {spec!r})")
-    return load_prompts(spec, limit, seed), None
+    else:
+        return load_prompts(spec, limit, seed), None
+    pairs = pairs[:limit] if limit else pairs
+    return [p for _, p in pairs], [f for f, _ in pairs]
 
 
 def load_prompts(spec: str, limit: int | None = None, seed: int = 42) -> list[str]:
