@@ -49,7 +49,7 @@ def test_pairs_with_the_default_target(smollm2_gguf):
     assert info["architecture"] == "dflash" and info["version"] == "v2"
     assert info["fits"] and info["reasons"] == []
     assert info["target_layers_hf"] == [1, 14, 27]
-    assert info["keys"]["dflash.block_count"] == layers == 3 and info["mask_token_id"] == 0
+    assert info["keys"]["dflash.block_count"] == layers == 5 and info["mask_token_id"] == 0
 
 
 @pytest.mark.native
