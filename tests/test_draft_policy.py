@@ -22,7 +22,7 @@ pytestmark = pytest.mark.native
 CPU_ROWS = [1.0, 1.86, 2.71, 3.26, 4.09, 4.9, 5.8, 6.70]
 # Per-position conditional acceptance of the shipped drafter on GSM8K test prompts (tau 2.92 with
 # the full block: models/smollm2-135m-dflash2.json, bench 30 prompts x 256 tokens, T = 0).
-SHIPPED_ACCEPT = [0.61, 0.69, 0.68, 0.70, 0.66, 0.68, 0.68]
+SHIPPED_ACCEPT = [0.61, 0.68, 0.68, 0.70, 0.66, 0.68, 0.68]
 
 
 def _cost(rows, one_ms=12.0, draft_ms=6.0):
