@@ -6,6 +6,10 @@
 #include "llama.h"
 #include "llama_ext_pinned.h"
 
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+
 namespace dflash2 {
 
 // Target architectures whose graph records layer inputs (res->t_layer_inp[il]) at 0c1e570:
@@ -45,7 +49,39 @@ std::vector<int32_t> tokenize_text(const llama_model * m, const std::string & te
     return out;
 }
 
+namespace {
+
+// True when the CPU backend of this libllama build offers llama.cpp's AMX buffer type (built with
+// AMX on a CPU that has it). Its matrix kernels crash at the first decode (SIGSEGV in
+// ggml_backend_amx_mul_mat, ggml-org/llama.cpp#20824; seen here on a Sapphire Rapids-class Xeon
+// with the SmolLM2 Q4_1 target), and weights go to that buffer type only with repacking on
+// (use_extra_bufts; src/llama-model.cpp, make_cpu_buft_list).
+bool cpu_offers_amx_buffer_type() {
+    ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    if (!cpu) return false;
+    auto get_extra_bufts = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(
+        ggml_backend_dev_backend_reg(cpu), "ggml_backend_dev_get_extra_bufts");
+    if (!get_extra_bufts) return false;
+    for (ggml_backend_buffer_type_t * b = get_extra_bufts(cpu); b && *b; ++b) {
+        if (std::strcmp(ggml_backend_buft_name(*b), "AMX") == 0) return true;
+    }
+    return false;
+}
+
+}  // namespace
+
 llama_model * load_gguf(const std::string & path, int n_gpu_layers, bool repack, const char * role) {
+    static const bool amx = cpu_offers_amx_buffer_type();
+    if (repack && amx) {
+        static std::atomic<bool> warned{false};
+        if (!warned.exchange(true)) {
+            std::fprintf(stderr,
+                "[dflash2-gguf] this llama.cpp build has AMX kernels, which crash at the first decode "
+                "(ggml-org/llama.cpp#20824): weights load without repacking (--no-repack). For repacked "
+                "weights, rebuild llama-cpp-python without them: bash scripts/setup.sh\n");
+        }
+        repack = false;
+    }
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = n_gpu_layers;
     mp.use_extra_bufts = repack;

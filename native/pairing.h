@@ -34,7 +34,9 @@ std::string meta_str(const llama_model * m, const char * key);
 std::vector<int32_t> tokenize_text(const llama_model * m, const std::string & text, bool add_special, bool parse_special);
 
 // Load a GGUF with n_gpu_layers offloaded (llama.cpp semantics) and CPU weight repacking on or off
-// (--repack / --no-repack). `role` names it in the error ("target", "drafter"). Throws
+// (--repack / --no-repack; repacking is turned off, with a warning on stderr, where this libllama
+// build offers llama.cpp's AMX buffer type, whose kernels crash: ggml-org/llama.cpp#20824).
+// `role` names it in the error ("target", "drafter"). Throws
 // Error(kErrLoad) when libllama cannot load it.
 llama_model * load_gguf(const std::string & path, int n_gpu_layers, bool repack, const char * role);
 

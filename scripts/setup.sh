@@ -12,7 +12,25 @@ PY=${PYTHON:-python3}
 export PIP_ROOT_USER_ACTION=ignore
 extras=${1:-test}
 
+# llama.cpp's AMX kernels crash on CPUs that have AMX (Sapphire Rapids and later): SIGSEGV in
+# ggml_backend_amx_mul_mat at the first decode with weight repacking on (ggml-org/llama.cpp#20824,
+# seen on these machines with the SmolLM2 Q4_1 target). There, llama.cpp is compiled without them;
+# a build that has them (an earlier install, a cached wheel) is rebuilt. The other repacked
+# layouts (CPU_REPACK) stay on.
+amx_cpu=0
+if grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then
+  amx_cpu=1
+  no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  export CMAKE_ARGS="${CMAKE_ARGS:-} -DCMAKE_C_FLAGS='$no_amx' -DCMAKE_CXX_FLAGS='$no_amx'"
+fi
 "$PY" -m pip install -q --disable-pip-version-check "llama-cpp-python==0.3.36" "scikit-build-core>=0.10" "nanobind>=2.0"
+if [ "$amx_cpu" = 1 ]; then
+  cpu_lib=$("$PY" -c 'import glob, os, llama_cpp; print(*glob.glob(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-cpu.so*"))[:1])')
+  if [ -z "$cpu_lib" ] || grep -q ggml_backend_amx_mul_mat "$cpu_lib"; then
+    echo "setup: this CPU has AMX; rebuilding llama-cpp-python without llama.cpp's AMX kernels (about 10 minutes)" >&2
+    "$PY" -m pip install -q --disable-pip-version-check --no-cache-dir --force-reinstall --no-deps "llama-cpp-python==0.3.36"
+  fi
+fi
 # The CPU build of torch (a local wheel on these machines); a bare `torch` pulls a multi-GB CUDA build.
 if [[ ",$extras," == *",test,"* || ",$extras," == *",torch,"* ]]; then
   "$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q --disable-pip-version-check "torch==2.13.0"
