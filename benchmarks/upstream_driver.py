@@ -12,7 +12,8 @@ Three comparison points, all on the same target GGUF, drafter GGUF and rendered 
 
 Running the tools and parsing what they print live in :mod:`dflash2_gguf.bench_compare` (re-exported
 here); this module builds them. The two binaries are built once from the sdist's sources (Release, Ninja when available,
-static libraries, ``-DGGML_NATIVE=ON``; about 6 min on 2 cores) in a folder of the cache and
+static libraries, ``-DGGML_NATIVE=ON``, without llama.cpp's AMX kernels on a CPU that has AMX
+as ``scripts/setup.sh`` builds llama-cpp-python there; about 3-6 min on 2 cores) in a folder of the cache and
 kept under ``<cache>/upstream-0c1e570/bin`` (``<cache>`` = ``$DFLASH2_GGUF_CACHE`` or
 ``~/.cache/dflash2-gguf``). Nothing of this lands in the repository.
 
@@ -62,6 +63,33 @@ CMAKE_OPTIONS = (
     "-DBUILD_SHARED_LIBS=OFF",
 )
 
+#: Compiler flags that leave llama.cpp's AMX kernels out, as ``scripts/setup.sh`` builds
+#: llama-cpp-python on a CPU that has AMX: with ``-DGGML_NATIVE=ON`` they are compiled in there,
+#: and they crash at the first decode with weight repacking on (SIGSEGV in
+#: ggml_backend_amx_mul_mat, ggml-org/llama.cpp#20824; ``llama-speculative-simple`` with the
+#: SmolLM2 pair, seen on these machines). Without them both sides of a comparison repack the same way.
+NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+_AMX_KERNEL_SYMBOL = b"ggml_backend_amx_mul_mat"
+
+
+def cpu_has_amx() -> bool:
+    """True when ``/proc/cpuinfo`` lists ``amx_int8`` (Sapphire Rapids and later); False elsewhere
+    or where it cannot be read."""
+    try:
+        return "amx_int8" in Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+
+
+def cmake_options(amx_cpu: Optional[bool] = None) -> tuple:
+    """The configure options of the build: :data:`CMAKE_OPTIONS`, plus :data:`NO_AMX_FLAGS` as
+    the C / C++ flags on a CPU with AMX (``amx_cpu``; default :func:`cpu_has_amx`)."""
+    if amx_cpu is None:
+        amx_cpu = cpu_has_amx()
+    if not amx_cpu:
+        return CMAKE_OPTIONS
+    return CMAKE_OPTIONS + (f"-DCMAKE_C_FLAGS={NO_AMX_FLAGS}", f"-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}")
+
 
 def bin_dir() -> Path:
     """Folder of the cached upstream binaries: ``<cache>/upstream-0c1e570/bin`` (where
@@ -70,7 +98,10 @@ def bin_dir() -> Path:
 
 
 def _have_tools(d: Path) -> bool:
-    return all(os.access(d / t, os.X_OK) for t in TOOLS)
+    if not all(os.access(d / t, os.X_OK) for t in TOOLS):
+        return False
+    # binaries built with the AMX kernels (before the build left them out) crash here: rebuild
+    return not (cpu_has_amx() and any(_AMX_KERNEL_SYMBOL in (d / t).read_bytes() for t in TOOLS))
 
 
 def build_upstream_tools(*, jobs: int = 2, quiet: bool = False, timeout: Optional[float] = None) -> Path:
@@ -125,14 +156,16 @@ def _build(out: Path, work: Path, *, jobs: int, quiet: bool, timeout: Optional[f
     t0 = time.time()
     if not (src / ".complete").is_file():
         fetch_upstream(quiet=quiet, needed=None, root=src)
-    cmd_cfg = ["cmake", "-S", str(src), "-B", str(build), *CMAKE_OPTIONS]
+    cmd_cfg = ["cmake", "-S", str(src), "-B", str(build), *cmake_options()]
     if shutil.which("ninja"):
         cmd_cfg[1:1] = ["-G", "Ninja"]
     cmd_build = ["cmake", "--build", str(build), "--config", "Release", "-j", str(jobs),
                  "--target", *TOOLS]
     work.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as lf:
-        for cmd in ([] if (build / "CMakeCache.txt").is_file() else [cmd_cfg]) + [cmd_build]:
+        # configure every time (seconds): a build folder left by an interrupted build keeps its
+        # objects, and takes today's options (the AMX flags) before the build resumes
+        for cmd in (cmd_cfg, cmd_build):
             if not quiet:
                 print(f"[upstream] $ {' '.join(cmd)}", file=sys.stderr)
             lf.write(f"$ {' '.join(cmd)}\n")

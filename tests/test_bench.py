@@ -346,3 +346,30 @@ def test_sweeps_only_keeps_rows_whose_run_is_gone(tmp_path):
     assert sum(ln.endswith(policy) for ln in text.splitlines()) == 3  # the kept gsm8k line too
     assert br.main(["--runs", str(second), "--out", str(bm), "--sweeps-only"]) == 0
     assert bm.read_text() == text
+
+
+def test_upstream_build_leaves_the_amx_kernels_out_on_an_amx_cpu(tmp_path, monkeypatch):
+    """On a CPU with AMX, upstream's tools are configured without llama.cpp's AMX kernels (they
+    crash at the first decode with repacking on: ggml-org/llama.cpp#20824), and binaries that
+    still hold them are not reused: the builder rebuilds them."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import benchmarks.upstream_driver as ud
+
+    plain = ud.cmake_options(amx_cpu=False)
+    assert plain == ud.CMAKE_OPTIONS and not any("amx" in o for o in plain)
+    amx = ud.cmake_options(amx_cpu=True)
+    assert amx[:len(plain)] == plain
+    assert amx[len(plain):] == ("-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+                                "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+    for name, body in zip(ud.TOOLS, (b"\x7fELF ... ggml_backend_amx_mul_mat ...", b"\x7fELF ...")):
+        (tmp_path / name).write_bytes(body)
+        (tmp_path / name).chmod(0o755)
+    monkeypatch.setattr(ud, "cpu_has_amx", lambda: True)
+    assert not ud._have_tools(tmp_path)        # one binary has the AMX kernels: rebuild
+    (tmp_path / ud.TOOLS[0]).write_bytes(b"\x7fELF ...")
+    assert ud._have_tools(tmp_path)
+    (tmp_path / ud.TOOLS[0]).write_bytes(b"\x7fELF ... ggml_backend_amx_mul_mat ...")
+    monkeypatch.setattr(ud, "cpu_has_amx", lambda: False)
+    assert ud._have_tools(tmp_path)            # no AMX on this CPU: the kernels never run
+    (tmp_path / ud.TOOLS[1]).unlink()
+    assert not ud._have_tools(tmp_path)
