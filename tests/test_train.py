@@ -441,6 +441,106 @@ def test_weight_decay_applies_and_resume_takes_the_new_value(tmp_path):
     assert mats and sum(wd[k].norm() for k in mats) < sum(w0[k].norm() for k in mats)
 
 
+def test_bf16_autocast_trains_in_bfloat16_keeps_float32_state_and_resumes_across_precisions(tmp_path):
+    """``autocast_dtype="bfloat16"`` (``fit --bf16``, the default on a CUDA GPU) run on the CPU:
+    the matmuls compute in bfloat16 (a hook on ``fc`` sees bfloat16 outputs, the float32 run's
+    float32), the losses are finite and within bfloat16 rounding of the float32 run's without
+    being equal to them; weights, AdamW moments and the checkpoint stay float32 with the float32
+    run's keys and shapes, the export has the float32 run's tensors, dtypes and config; a bf16 run
+    resumed equals an uninterrupted one, and a bf16 checkpoint resumes in float32."""
+    from safetensors import safe_open
+
+    cfg = _tiny()
+    p = _synthetic_shard(tmp_path / "s.safetensors", cfg)
+    emb = torch.randn(V, H, generator=torch.Generator().manual_seed(0)) * 0.3
+    kw = dict(shards=[str(p)], steps=6, lr=3e-3, warmup_steps=2, batch_size=2, max_len=24,
+              anchors_per_seq=3, save_every=100, log_every=1, progress=False)
+
+    def run(name, amp, **extra):
+        torch.manual_seed(0)
+        model = DFlash2Drafter(cfg)  # the same initial weights for every run
+        seen = set()
+        model.fc.register_forward_hook(lambda mod, i, o: seen.add(o.dtype) if mod.training else None)
+        m, st = train(cfg, TrainConfig(out_dir=str(tmp_path / name), autocast_dtype=amp, **kw, **extra),
+                      target_weights=(emb, None), model=model)
+        return m, [h["loss"] for h in st.history if "loss" in h], seen
+
+    m32, loss32, seen32 = run("fp32", None)
+    m16, loss16, seen16 = run("bf16", "bfloat16")
+    assert seen32 == {torch.float32} and seen16 == {torch.bfloat16}
+    assert len(loss16) == 6 and all(np.isfinite(loss16))
+    assert loss16[0] != loss32[0] and loss16[0] == pytest.approx(loss32[0], rel=2e-2)
+    assert loss16[-1] < loss16[0]
+    assert all(t.dtype == torch.float32 for t in m16.state_dict().values() if t.is_floating_point())
+    ck32, ck16 = (torch.load(tmp_path / n / "checkpoint.pt", weights_only=False) for n in ("fp32", "bf16"))
+    assert {k: (v.dtype, v.shape) for k, v in ck16["model"].items()} == \
+        {k: (v.dtype, v.shape) for k, v in ck32["model"].items()}
+    moments = [t for st in ck16["optimizer"]["state"].values() for k, t in st.items() if k != "step"]
+    assert moments and all(t.dtype == torch.float32 for t in moments)
+    heads = []
+    for n in ("fp32", "bf16"):
+        with safe_open(str(tmp_path / n / "hf" / "model.safetensors"), "pt") as f:
+            heads.append({k: (f.get_slice(k).get_dtype(), tuple(f.get_slice(k).get_shape())) for k in f.keys()})
+    assert heads[0] == heads[1] and {d for d, _ in heads[1].values()} == {"BF16"}
+    assert json.loads((tmp_path / "bf16" / "hf" / "config.json").read_text()) == \
+        json.loads((tmp_path / "fp32" / "hf" / "config.json").read_text())
+    assert load_hf(tmp_path / "bf16" / "hf").config == load_hf(tmp_path / "fp32" / "hf").config
+    # interrupted at step 3, resumed to 6 in bfloat16: the uninterrupted bf16 run's weights
+    run("cut", "bfloat16", stop_at=3)
+    shutil.copytree(tmp_path / "cut", tmp_path / "cut32")
+    m_res, loss_res, _ = run("cut", "bfloat16")
+    assert loss_res == loss16
+    for k, v in m16.state_dict().items():
+        assert torch.allclose(m_res.state_dict()[k], v, atol=1e-6, rtol=0), k
+    # the same bf16 checkpoint resumed in float32: 3 more steps, float32 matmuls
+    m_f, loss_f, seen_f = run("cut32", None)
+    assert seen_f == {torch.float32} and loss_f[:3] == loss16[:3] and loss_f[3:] != loss16[3:]
+    assert torch.load(tmp_path / "cut32" / "checkpoint.pt", weights_only=False)["step"] == 6
+
+
+def test_device_and_precision_resolution(monkeypatch):
+    """``fit --device auto`` trains on CUDA when torch sees a GPU, else on the CPU; bfloat16
+    autocast is the default there only on a GPU with bfloat16; a device torch does not see, a
+    string that is no device, bf16 on an old GPU and float16 autocast are refused, naming the fix."""
+    from dflash2_gguf.train.cli import build_parser, main
+    from dflash2_gguf.train.loop import resolve_autocast, resolve_device
+
+    args = build_parser().parse_args(["fit", "--target", "t.gguf", "--shards", "s", "--out", "o"])
+    assert (args.device, args.bf16) == ("auto", None)
+    base = ["fit", "--target", "t.gguf", "--shards", "s", "--out", "o"]
+    assert build_parser().parse_args(base + ["--no-bf16"]).bf16 is False
+    assert build_parser().parse_args(base + ["--bf16", "--device", "cuda:1"]).bf16 is True
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == cpu and resolve_device("cpu") == cpu
+    with pytest.raises(ValueError, match="device 'cuda'.*with device cpu"):
+        resolve_device("cuda")
+    with pytest.raises(SystemExit, match="--device / --bf16: device 'cuda'.*with device cpu"):
+        main(base + ["--device", "cuda"])  # refused before the target or the shards are opened
+    with pytest.raises(ValueError, match="'gpu' is not a torch device.*auto, cpu, cuda"):
+        resolve_device("gpu")
+    with pytest.raises(ValueError, match="cpu, cuda or mps"):
+        resolve_device("meta")
+    assert resolve_autocast(cpu) is None and resolve_autocast(cpu, True) == "bfloat16"
+    assert resolve_autocast(cpu, False) is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device("auto") == torch.device("cuda") == resolve_device("cuda")
+    assert resolve_device("cuda:0") == torch.device("cuda:0")
+    with pytest.raises(ValueError, match="1 CUDA device.*cuda:0 to cuda:0"):
+        resolve_device("cuda:1")
+    gpu = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert resolve_autocast(gpu) == "bfloat16" and resolve_autocast(gpu, False) is None
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    assert resolve_autocast(gpu) is None
+    with pytest.raises(ValueError, match="no bfloat16 support.*no --bf16"):
+        resolve_autocast(gpu, True)
+    with pytest.raises(ValueError, match="float16 autocast needs a gradient scaler"):
+        train(_tiny(), TrainConfig(shards=[], out_dir="unused", autocast_dtype="float16"),
+              target_weights=(torch.zeros(V, H), None))
+
+
 def test_fit_init_starts_from_an_exported_drafter(tmp_path):
     """``fit --init FOLDER``: the run starts from the folder's weights (what ``export`` wrote,
     float32 here) and trains on from them; a folder of another shape is refused, naming the field."""

@@ -236,7 +236,8 @@ def test_shards_round_trip_and_resume(tmp_path, smollm2_gguf, engine_reference):
 
 def test_cli_eval_of_the_shipped_drafter_on_captured_shards(tmp_path, smollm2_gguf, capsys):
     """``train eval``: the shipped drafter (target layers 1/14/27) on freshly captured shards,
-    uniform-anchor and decode-walk tau per family; a folder without config.json is refused."""
+    uniform-anchor and decode-walk tau per family; ``train fit --device cpu --bf16`` on those
+    shards exports a drafter that ``eval`` reads; a folder without config.json is refused."""
     from dflash2_gguf.train.cli import main
     from dflash2_gguf.train.generate import generate_capture_shards
 
@@ -255,6 +256,21 @@ def test_cli_eval_of_the_shipped_drafter_on_captured_shards(tmp_path, smollm2_gg
     assert all(1.0 <= w["walk_tau"] <= 8.0 for w in walk.values())
     assert 1.0 <= res["uniform"]["tau"] <= 8.0
     assert set(res["uniform"]["tau_by_family"]) == {"math", "chat", "code"}
+    # fit --device cpu --bf16 on the same shards (2 steps of a 1-layer drafter of the shipped
+    # one's block size, reading 1/14/27); its export is evaluated like the shipped drafter
+    run = tmp_path / "run"
+    assert main(["fit", "--target", str(smollm2_gguf), "--shards", str(out / "shard-*.safetensors"),
+                 "--out", str(run), "--layers", "1", "--target-layer-ids", "1,14,27", "--block-size", "8",
+                 "--steps", "2", "--warmup", "1", "--batch-size", "2", "--max-len", "128", "--anchors", "4",
+                 "--vocab", "data", "--device", "cpu", "--bf16", "--threads", "2"]) == 0
+    fit_out = capsys.readouterr().out
+    assert "training on cpu, bfloat16 autocast (float32 weights)" in fit_out
+    fit = json.loads(fit_out.splitlines()[-1])
+    assert fit["step"] == 2 and np.isfinite(fit["last"]["loss"]) and fit["hf"] == str(run / "hf")
+    assert main(["eval", "--target", str(smollm2_gguf), "--drafter", str(run / "hf"), "--device", "cpu",
+                 "--shards", str(out / "shard-*.safetensors"), "--threads", "2", "--max-seqs", "1"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["walk"]["all"]["n_seqs"] == 1 and 1.0 <= res["walk"]["all"]["walk_tau"] <= 8.0
     with pytest.raises(SystemExit, match="no config.json"):
         main(["eval", "--target", str(smollm2_gguf), "--drafter", str(tmp_path), "--shards", str(out / "*")])
     with pytest.raises(SystemExit, match="no such file"):

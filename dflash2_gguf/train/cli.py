@@ -9,9 +9,10 @@ Two steps, each resumable on its own::
         --batch-size 16 --seqs-per-shard 128 --n-ctx 1024 --resume
 
     # 2. train (features must come from the same target layers: the layer ids are derived
-    #    from --layers exactly as in step 1, or given with --target-layer-ids)
+    #    from --layers exactly as in step 1, or given with --target-layer-ids); on a GPU when
+    #    torch sees one, bfloat16 autocast there (--device, --bf16 / --no-bf16)
     python -m dflash2_gguf.train fit --target SmolLM2-135M-Instruct.Q4_1.gguf \\
-        --shards 'feats/*.safetensors' --out run1 --steps 20000 --device cuda --bf16
+        --shards 'feats/*.safetensors' --out run1 --steps 20000
 
     # 3. GGUF: python -m convert hf-to-gguf run1/hf --target SmolLM2-135M-Instruct.Q4_1.gguf
 
@@ -139,7 +140,7 @@ def cmd_capture(args) -> int:
 
 
 def cmd_fit(args) -> int:
-    from .loop import TrainConfig, train
+    from .loop import TrainConfig, resolve_autocast, resolve_device, train
     from .model import DFlash2Config
 
     if not 0.0 <= args.walk_anchors <= 1.0:
@@ -148,6 +149,11 @@ def cmd_fit(args) -> int:
     if not 0.0 <= args.feature_dropout < 1.0:
         raise SystemExit(f"--feature-dropout {args.feature_dropout}: a probability, give a number "
                          "from 0 (off) up to but not including 1")
+    try:
+        device = resolve_device(args.device)
+        autocast = resolve_autocast(device, args.bf16)
+    except ValueError as e:
+        raise SystemExit(f"--device / --bf16: {e}") from None
     info = _target_info(args.target)
     held = {str(Path(p).resolve()) for pat in args.eval_shards for p in glob.glob(pat)}
     shards = sorted(p for pat in args.shards for p in glob.glob(pat) if str(Path(p).resolve()) not in held)
@@ -164,8 +170,8 @@ def cmd_fit(args) -> int:
                        lr=args.lr, warmup_steps=args.warmup, weight_decay=args.weight_decay,
                        batch_size=args.batch_size,
                        max_len=args.max_len, anchors_per_seq=args.anchors, gamma=args.gamma,
-                       save_every=args.save_every, device=args.device,
-                       autocast_dtype="bfloat16" if args.bf16 else None, seed=args.seed,
+                       save_every=args.save_every, device=str(device),
+                       autocast_dtype=autocast, seed=args.seed,
                        eval_shards=sorted(p for pat in args.eval_shards for p in glob.glob(pat)),
                        eval_every=args.eval_every, vocab=args.vocab, threads=args.threads,
                        lr_total_steps=args.lr_total_steps, shard_globs=list(args.shards),
@@ -216,7 +222,7 @@ def cmd_eval(args) -> int:
 
     from .data import FeatureShards
     from .export import load_hf
-    from .loop import TrainConfig, evaluate_tau, evaluate_walk
+    from .loop import TrainConfig, evaluate_tau, evaluate_walk, resolve_device
     from .target_weights import load_target_weights
 
     if not Path(args.target).is_file():
@@ -228,6 +234,10 @@ def cmd_eval(args) -> int:
     paths = sorted(p for pat in args.shards for p in glob.glob(pat))
     if not paths:
         raise SystemExit(f"no shard matches {args.shards}")
+    try:
+        device = resolve_device(args.device)
+    except ValueError as e:
+        raise SystemExit(f"--device: {e}") from None
     if args.threads:
         torch.set_num_threads(args.threads)
     model = load_hf(args.drafter)
@@ -237,7 +247,7 @@ def cmd_eval(args) -> int:
                          f"reads {model.config.target_layer_ids}: capture shards for this drafter")
     emb, head = load_target_weights(args.target).torch()
     model.set_target_weights(emb, head)
-    model.eval()
+    model.to(device).eval()
     tcfg = TrainConfig(shards=paths, out_dir="", batch_size=4, max_len=512, anchors_per_seq=16,
                        eval_batches=4, seed=args.seed)
     out = {"drafter": args.drafter, "shards": len(paths), "uniform": evaluate_tau(model, data, tcfg),
@@ -359,8 +369,13 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--feature-dropout", type=float, default=0.0, metavar="P",
                    help="dropout probability on the fused target features (hidden_norm(fc(.))) "
                         "of the context rows while training; 0 (default): off")
-    f.add_argument("--device", default="cpu")
-    f.add_argument("--bf16", action="store_true", help="bfloat16 autocast (GPUs)")
+    f.add_argument("--device", default="auto",
+                   help="torch device: auto (default: cuda when torch sees a GPU, else cpu), cpu, "
+                        "cuda, cuda:N")
+    f.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                   help="bfloat16 autocast (weights, optimizer and checkpoints stay float32); "
+                        "default: on for a CUDA device with bfloat16 (compute capability >= 8.0), "
+                        "off elsewhere, the CPU included")
     f.set_defaults(func=cmd_fit)
 
     v = sub.add_parser("eval", help="held-out tau of a drafter folder, per family: uniform anchors "
@@ -374,6 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of the uniform anchors (fit's default: the anchors its held-out "
                         "evaluations draw with --batch-size 4 --max-len 512 --anchors 16)")
     v.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    v.add_argument("--device", default="auto",
+                   help="torch device: auto (default: cuda when torch sees a GPU, else cpu), cpu, "
+                        "cuda, cuda:N (float32 throughout)")
     v.set_defaults(func=cmd_eval)
 
     e = sub.add_parser("export", help="checkpoint.pt of a run folder -> HF folder (authors' format)")

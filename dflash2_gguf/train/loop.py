@@ -28,7 +28,66 @@ from .export import export_hf
 from .model import DFlash2Config, DFlash2Drafter
 from .objective import dflash2_loss, greedy_acceptance, walk_acceptance, walk_step_anchors
 
-__all__ = ["TrainConfig", "TrainState", "train", "lr_lambda", "evaluate_tau", "evaluate_walk"]
+__all__ = ["TrainConfig", "TrainState", "train", "lr_lambda", "evaluate_tau", "evaluate_walk",
+           "resolve_device", "resolve_autocast"]
+
+
+def resolve_device(spec: str = "auto") -> torch.device:
+    """The torch device a run trains on.
+
+    Args:
+        spec: ``"auto"`` (``cuda`` when ``torch.cuda.is_available()``, else ``cpu``) or a torch
+            device string: ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"``.
+    Returns:
+        The ``torch.device``.
+    Raises:
+        ValueError: ``spec`` is not a device string torch parses, or names a device this torch
+        does not see (a CPU build of torch, no GPU, an index past ``torch.cuda.device_count()``);
+        the message names what to give instead.
+    """
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(spec)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device {spec!r} is not a torch device ({e}); give auto, cpu, cuda or "
+                         "cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            why = ("this torch is a CPU build" if torch.version.cuda is None
+                   else "torch sees no CUDA device")
+            raise ValueError(f"device {spec!r}: {why} (torch {torch.__version__}); train on the CPU "
+                             "with device cpu (or auto), or install a CUDA build of torch")
+        n = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= n:
+            raise ValueError(f"device {spec!r}: torch sees {n} CUDA device(s), give cuda:0 to "
+                             f"cuda:{n - 1}")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {spec!r}: torch sees no MPS device; give cpu or auto")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device {spec!r}: this loop trains on cpu, cuda or mps")
+    return dev
+
+
+def resolve_autocast(device: torch.device, bf16: bool | None = None) -> str | None:
+    """The autocast dtype of a run on ``device``: ``"bfloat16"`` or None (float32 throughout).
+
+    ``bf16`` None (the default): bfloat16 on a CUDA device that supports it
+    (``torch.cuda.is_bf16_supported()``: compute capability 8.0 and newer), float32 elsewhere,
+    the CPU included (the tested path; bfloat16 matmuls are slower than float32 ones on CPUs
+    without AMX-BF16 / AVX512-BF16). True: bfloat16 on any device; False: float32. Parameters,
+    optimizer moments and checkpoints stay float32 either way (autocast changes only the dtype
+    the matmuls compute in), so a run can resume on another device or precision.
+
+    Raises:
+        ValueError: ``bf16`` True on a CUDA device without bfloat16 support.
+    """
+    if bf16 is None:
+        return "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+    if bf16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"{device}: this GPU has no bfloat16 support (compute capability below "
+                         "8.0); train in float32 (no --bf16)")
+    return "bfloat16" if bf16 else None
 
 
 @dataclass
@@ -54,8 +113,8 @@ class TrainConfig:
     save_every: int = 500
     log_every: int = 20
     seed: int = 0
-    device: str = "cpu"
-    autocast_dtype: str | None = None   # "bfloat16" on GPUs; None = full float32
+    device: str = "cpu"                 # or "auto", "cuda", "cuda:N" (resolve_device)
+    autocast_dtype: str | None = None   # "bfloat16" (resolve_autocast); None = full float32
     export_dtype: str = "bfloat16"
     progress: bool = True
     stop_at: int | None = None          # stop early at this step (checkpoint saved, no export)
@@ -95,10 +154,12 @@ def lr_lambda(warmup: int, total: int, min_ratio: float) -> Callable[[int], floa
 
 def _save(path: Path, model, opt, sched, step: int, gen: torch.Generator, history, mcfg, tcfg) -> None:
     tmp = path.with_name(path.name + ".tmp")
+    device = next(model.parameters()).device
+    extra = {"cuda_rng": torch.cuda.get_rng_state(device)} if device.type == "cuda" else {}
     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
                 "scheduler": sched.state_dict(), "step": step, "generator": gen.get_state(),
                 "torch_rng": torch.get_rng_state(), "history": history,
-                "model_config": asdict(mcfg), "train_config": asdict(tcfg)}, tmp)
+                "model_config": asdict(mcfg), "train_config": asdict(tcfg), **extra}, tmp)
     os.replace(tmp, path)
 
 
@@ -175,7 +236,18 @@ def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
     Resumes from ``<out_dir>/checkpoint.pt`` when present (same step, optimizer moments,
     scheduler and RNG), stops at ``cfg.steps`` (or early at ``cfg.stop_at``, without export),
     saves every ``save_every`` steps and at the end, then exports ``<out_dir>/hf`` in the authors' format.
+    Trains on ``cfg.device`` (:func:`resolve_device`; ``"auto"`` takes a CUDA GPU when torch sees
+    one) with ``cfg.autocast_dtype`` (:func:`resolve_autocast`); a checkpoint resumes on any
+    device and in either precision.
+
+    Raises:
+        ValueError: a device torch does not see, an autocast dtype other than bfloat16, shards of
+        other target layers or hidden size than ``model_cfg``'s, no target weights.
     """
+    device = resolve_device(cfg.device)
+    if cfg.autocast_dtype not in (None, "bfloat16"):
+        raise ValueError(f"autocast_dtype {cfg.autocast_dtype!r}: give 'bfloat16' or None (float16 "
+                         "autocast needs a gradient scaler, which this loop does not have)")
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     data = FeatureShards(cfg.shards)
@@ -190,7 +262,6 @@ def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
         from .target_weights import load_target_weights
 
         target_weights = load_target_weights(cfg.target_gguf).torch()
-    device = torch.device(cfg.device)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     if cfg.vocab not in ("full", "data"):
@@ -228,6 +299,8 @@ def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
         sched.load_state_dict(state["scheduler"])
         gen.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
+        if device.type == "cuda" and "cuda_rng" in state:  # dropout draws on the GPU
+            torch.cuda.set_rng_state(state["cuda_rng"], device)
         step, history = int(state["step"]), list(state["history"])
 
     amp = getattr(torch, cfg.autocast_dtype) if cfg.autocast_dtype else None
@@ -239,6 +312,9 @@ def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
         from tqdm.auto import tqdm
 
         bar = tqdm(total=cfg.steps, initial=step, desc="dflash2 train", dynamic_ncols=True)
+        gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
+        bar.write(f"training on {device}{gpu}, "
+                  + ("bfloat16 autocast (float32 weights)" if amp is not None else "float32"))
     eval_data = FeatureShards(cfg.eval_shards) if cfg.eval_shards else None
 
     def log_eval() -> None:
