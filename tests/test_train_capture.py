@@ -259,14 +259,19 @@ def test_cli_eval_of_the_shipped_drafter_on_captured_shards(tmp_path, smollm2_gg
     # fit --device cpu --bf16 on the same shards (2 steps of a 1-layer drafter of the shipped
     # one's block size, reading 1/14/27); its export is evaluated like the shipped drafter
     run = tmp_path / "run"
-    assert main(["fit", "--target", str(smollm2_gguf), "--shards", str(out / "shard-*.safetensors"),
-                 "--out", str(run), "--layers", "1", "--target-layer-ids", "1,14,27", "--block-size", "8",
-                 "--steps", "2", "--warmup", "1", "--batch-size", "2", "--max-len", "128", "--anchors", "4",
-                 "--vocab", "data", "--device", "cpu", "--bf16", "--threads", "2"]) == 0
+    fit_args = ["fit", "--target", str(smollm2_gguf), "--shards", str(out / "shard-*.safetensors"),
+                "--out", str(run), "--layers", "1", "--target-layer-ids", "1,14,27", "--block-size", "8",
+                "--steps", "2", "--warmup", "1", "--batch-size", "2", "--max-len", "128", "--anchors", "4",
+                "--vocab", "data", "--device", "cpu", "--bf16", "--threads", "2"]
+    assert main(fit_args) == 0
     fit_out = capsys.readouterr().out
     assert "training on cpu, bfloat16 autocast (float32 weights)" in fit_out
     fit = json.loads(fit_out.splitlines()[-1])
     assert fit["step"] == 2 and np.isfinite(fit["last"]["loss"]) and fit["hf"] == str(run / "hf")
+    # the same command again: the checkpoint is at --steps already; it says so and where it ran
+    assert main(fit_args) == 0
+    assert (f"resumed {run / 'checkpoint.pt'} at step 2 (that run: device cpu, autocast bfloat16); "
+            "already at --steps 2, nothing to train") in capsys.readouterr().out
     assert main(["eval", "--target", str(smollm2_gguf), "--drafter", str(run / "hf"), "--device", "cpu",
                  "--shards", str(out / "shard-*.safetensors"), "--threads", "2", "--max-seqs", "1"]) == 0
     res = json.loads(capsys.readouterr().out)

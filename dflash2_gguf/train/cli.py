@@ -151,9 +151,12 @@ def cmd_fit(args) -> int:
                          "from 0 (off) up to but not including 1")
     try:
         device = resolve_device(args.device)
+    except ValueError as e:
+        raise SystemExit(f"--device: {e}") from None
+    try:
         autocast = resolve_autocast(device, args.bf16)
     except ValueError as e:
-        raise SystemExit(f"--device / --bf16: {e}") from None
+        raise SystemExit(f"--bf16: {e}") from None
     info = _target_info(args.target)
     held = {str(Path(p).resolve()) for pat in args.eval_shards for p in glob.glob(pat)}
     shards = sorted(p for pat in args.shards for p in glob.glob(pat) if str(Path(p).resolve()) not in held)
@@ -371,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "of the context rows while training; 0 (default): off")
     f.add_argument("--device", default="auto",
                    help="torch device: auto (default: cuda when torch sees a GPU, else cpu), cpu, "
-                        "cuda, cuda:N")
+                        "cuda, cuda:N, mps")
     f.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="bfloat16 autocast (weights, optimizer and checkpoints stay float32); "
                         "default: on for a CUDA device with bfloat16 (compute capability >= 8.0), "
@@ -391,7 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     v.add_argument("--device", default="auto",
                    help="torch device: auto (default: cuda when torch sees a GPU, else cpu), cpu, "
-                        "cuda, cuda:N (float32 throughout)")
+                        "cuda, cuda:N, mps (float32 throughout)")
     v.set_defaults(func=cmd_eval)
 
     e = sub.add_parser("export", help="checkpoint.pt of a run folder -> HF folder (authors' format)")

@@ -33,11 +33,12 @@ __all__ = ["TrainConfig", "TrainState", "train", "lr_lambda", "evaluate_tau", "e
 
 
 def resolve_device(spec: str = "auto") -> torch.device:
-    """The torch device a run trains on.
+    """The torch device a run trains (or evaluates) on.
 
     Args:
         spec: ``"auto"`` (``cuda`` when ``torch.cuda.is_available()``, else ``cpu``) or a torch
-            device string: ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"``.
+            device string: ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"`` (case and surrounding
+            blanks ignored).
     Returns:
         The ``torch.device``.
     Raises:
@@ -45,19 +46,20 @@ def resolve_device(spec: str = "auto") -> torch.device:
         does not see (a CPU build of torch, no GPU, an index past ``torch.cuda.device_count()``);
         the message names what to give instead.
     """
-    if spec == "auto":
+    name = str(spec).strip().lower()
+    if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        dev = torch.device(spec)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"device {spec!r} is not a torch device ({e}); give auto, cpu, cuda or "
-                         "cuda:N") from None
+        dev = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device {spec!r} is not a torch device; give auto, cpu, cuda, cuda:N "
+                         "or mps") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             why = ("this torch is a CPU build" if torch.version.cuda is None
                    else "torch sees no CUDA device")
-            raise ValueError(f"device {spec!r}: {why} (torch {torch.__version__}); train on the CPU "
-                             "with device cpu (or auto), or install a CUDA build of torch")
+            raise ValueError(f"device {spec!r}: {why} (torch {torch.__version__}); give cpu (or "
+                             "auto), or install a CUDA build of torch")
         n = torch.cuda.device_count()
         if dev.index is not None and dev.index >= n:
             raise ValueError(f"device {spec!r}: torch sees {n} CUDA device(s), give cuda:0 to "
@@ -65,7 +67,8 @@ def resolve_device(spec: str = "auto") -> torch.device:
     elif dev.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"device {spec!r}: torch sees no MPS device; give cpu or auto")
     elif dev.type not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"device {spec!r}: this loop trains on cpu, cuda or mps")
+        raise ValueError(f"device {spec!r}: give cpu, cuda, cuda:N or mps (this package's training "
+                         "runs on those)")
     return dev
 
 
@@ -291,8 +294,10 @@ def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
     gen = torch.Generator().manual_seed(cfg.seed)
     step, history = 0, []
     ckpt = out / "checkpoint.pt"
+    resumed_from = None  # the saved run's train_config
     if ckpt.exists():
         state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        resumed_from = state.get("train_config", {})
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         opt.param_groups[0]["weight_decay"] = cfg.weight_decay   # this run's value, not the saved one
@@ -315,6 +320,10 @@ def train(model_cfg: DFlash2Config, cfg: TrainConfig, *,
         gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
         bar.write(f"training on {device}{gpu}, "
                   + ("bfloat16 autocast (float32 weights)" if amp is not None else "float32"))
+        if resumed_from is not None:
+            bar.write(f"resumed {ckpt} at step {step} (that run: device {resumed_from.get('device')}, "
+                      f"autocast {resumed_from.get('autocast_dtype') or 'none, float32'})"
+                      + (f"; already at --steps {cfg.steps}, nothing to train" if step >= cfg.steps else ""))
     eval_data = FeatureShards(cfg.eval_shards) if cfg.eval_shards else None
 
     def log_eval() -> None:
