@@ -245,11 +245,16 @@ class PromptLookupRunner:
 
         # flash_attn: llama-cpp-python defaults to off, llama.cpp's "auto" (our decoder's and the
         # upstream tools' default) turns it on; at T=0 the two pick different tokens on near-ties.
-        kw = dict(n_ctx=n_ctx, seed=seed, verbose=False, logits_all=False, flash_attn=bool(flash_attn))
+        kw = dict(n_ctx=n_ctx, seed=seed, verbose=False, flash_attn=bool(flash_attn))
         if threads:
             kw.update(n_threads=threads, n_threads_batch=threads)
-        self.plain = Llama(str(target), **kw)
-        self.lookup = Llama(str(target), draft_model=LlamaPromptLookupDecoding(num_pred_tokens=num_pred_tokens), **kw)
+        self.plain = Llama(str(target), logits_all=False, **kw)
+        # logits_all=True: with a draft model, Llama asks llama.cpp for every row's logits but sizes
+        # its scores buffer by the logits_all argument (n_batch rows when False), so any request
+        # past n_batch = 512 tokens failed with "could not broadcast input array" (llama-cpp-python
+        # 0.3.36; MT-Bench in BENCHMARKS.md). True sizes it n_ctx rows, what the decoder writes.
+        self.lookup = Llama(str(target), draft_model=LlamaPromptLookupDecoding(num_pred_tokens=num_pred_tokens),
+                            logits_all=True, **kw)
 
     def run(self, prompt: str, *, lookup: bool, n_predict: int, temp: float = 0.0, seed: int = 42) -> UpstreamRun:
         """Complete ``prompt`` (special tokens parsed); timing covers the whole call (prefill included)."""

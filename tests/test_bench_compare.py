@@ -215,3 +215,25 @@ def test_prompt_lookup_runs_without_the_repo(native_ext, smollm2_gguf, smollm2_d
     assert side["errors"] == []
     assert [r["name"] for r in side["rows"]] == ["llama-cpp-python Llama (plain)", "llama-cpp-python prompt lookup"]
     assert all(r["tokens"] > 0 for r in side["rows"])
+
+
+@pytest.mark.native
+def test_prompt_lookup_runs_past_n_batch_tokens(smollm2_gguf):
+    """llama-cpp-python's prompt lookup on a request longer than its n_batch (512 tokens): with
+    ``logits_all=False`` its scores buffer had n_batch rows while the draft model's decode writes
+    every row's logits, so the 513th row failed ("could not broadcast input array"; MT-Bench's
+    long second turns in BENCHMARKS.md). It runs, and at T = 0 gives the plain ``Llama``'s text."""
+    pytest.importorskip("llama_cpp")
+    runner = bc.PromptLookupRunner(smollm2_gguf, n_ctx=1024, threads=1, num_pred_tokens=7)
+    try:
+        story = " ".join(f"Box {i} holds {i * 7 % 13} red apples and {i * 5 % 11} green ones." for i in range(40))
+        prompt = (f"<|im_start|>user\n{story}\nList the boxes with more than 10 red apples."
+                  f"<|im_end|>\n<|im_start|>assistant\n")
+        n_prompt = len(runner.plain.tokenize(prompt.encode(), add_bos=True, special=True))
+        assert 512 < n_prompt < 1024 - 48
+        plain = runner.run(prompt, lookup=False, n_predict=32)
+        lookup = runner.run(prompt, lookup=True, n_predict=32)
+    finally:
+        runner.close()
+    assert plain.n_generated == lookup.n_generated == 32
+    assert lookup.text == plain.text
