@@ -39,6 +39,9 @@ from pathlib import Path
 
 __all__ = ["main", "load_prompts", "load_prompt_families"]
 
+_DEVICE_HELP = ("torch device: auto (default: cuda when torch sees a GPU, else cpu), cpu, cuda, "
+                "cuda:N, mps")
+
 
 def load_prompt_families(spec: str, limit: int | None = None, seed: int = 42, *, skip: int = 0,
                          families: str | None = None) -> tuple[list[str], list[str] | None]:
@@ -139,8 +142,19 @@ def cmd_capture(args) -> int:
     return 0
 
 
+def _device_arg(spec: str):
+    """``--device`` as a ``torch.device`` (:func:`~dflash2_gguf.train.loop.resolve_device`);
+    SystemExit naming what to give for a device torch does not see."""
+    from .loop import resolve_device
+
+    try:
+        return resolve_device(spec)
+    except ValueError as e:
+        raise SystemExit(f"--device: {e}") from None
+
+
 def cmd_fit(args) -> int:
-    from .loop import TrainConfig, resolve_autocast, resolve_device, train
+    from .loop import TrainConfig, resolve_autocast, train
     from .model import DFlash2Config
 
     if not 0.0 <= args.walk_anchors <= 1.0:
@@ -149,10 +163,7 @@ def cmd_fit(args) -> int:
     if not 0.0 <= args.feature_dropout < 1.0:
         raise SystemExit(f"--feature-dropout {args.feature_dropout}: a probability, give a number "
                          "from 0 (off) up to but not including 1")
-    try:
-        device = resolve_device(args.device)
-    except ValueError as e:
-        raise SystemExit(f"--device: {e}") from None
+    device = _device_arg(args.device)
     try:
         autocast = resolve_autocast(device, args.bf16)
     except ValueError as e:
@@ -225,7 +236,7 @@ def cmd_eval(args) -> int:
 
     from .data import FeatureShards
     from .export import load_hf
-    from .loop import TrainConfig, evaluate_tau, evaluate_walk, resolve_device
+    from .loop import TrainConfig, evaluate_tau, evaluate_walk
     from .target_weights import load_target_weights
 
     if not Path(args.target).is_file():
@@ -237,10 +248,7 @@ def cmd_eval(args) -> int:
     paths = sorted(p for pat in args.shards for p in glob.glob(pat))
     if not paths:
         raise SystemExit(f"no shard matches {args.shards}")
-    try:
-        device = resolve_device(args.device)
-    except ValueError as e:
-        raise SystemExit(f"--device: {e}") from None
+    device = _device_arg(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     model = load_hf(args.drafter)
@@ -372,9 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--feature-dropout", type=float, default=0.0, metavar="P",
                    help="dropout probability on the fused target features (hidden_norm(fc(.))) "
                         "of the context rows while training; 0 (default): off")
-    f.add_argument("--device", default="auto",
-                   help="torch device: auto (default: cuda when torch sees a GPU, else cpu), cpu, "
-                        "cuda, cuda:N, mps")
+    f.add_argument("--device", default="auto", help=_DEVICE_HELP)
     f.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="bfloat16 autocast (weights, optimizer and checkpoints stay float32); "
                         "default: on for a CUDA device with bfloat16 (compute capability >= 8.0), "
@@ -392,9 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of the uniform anchors (fit's default: the anchors its held-out "
                         "evaluations draw with --batch-size 4 --max-len 512 --anchors 16)")
     v.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    v.add_argument("--device", default="auto",
-                   help="torch device: auto (default: cuda when torch sees a GPU, else cpu), cpu, "
-                        "cuda, cuda:N, mps (float32 throughout)")
+    v.add_argument("--device", default="auto", help=_DEVICE_HELP + " (float32 throughout)")
     v.set_defaults(func=cmd_eval)
 
     e = sub.add_parser("export", help="checkpoint.pt of a run folder -> HF folder (authors' format)")
