@@ -16,18 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.upstream_driver import cpu_has_amx
+
 ROOT = Path(__file__).resolve().parents[1]
 DRAFTER = ROOT / "models" / "smollm2-135m-dflash2.gguf"
 
 
-def _cpu_has_amx() -> bool:
-    try:
-        return "amx_int8" in Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _cpu_has_amx(), reason="this CPU has no AMX")
+pytestmark = pytest.mark.skipif(not cpu_has_amx(), reason="this CPU has no AMX")
 
 _GENERATE = (
     "import sys\n"
