@@ -9,6 +9,8 @@
 #       generated (PROMPTS=mix: data/train/smollm2-mix-responses.jsonl.gz by default, if present);
 #       SKIP=N FAMILIES=math,code: the rest of the mix past its first N prompts, those families,
 #       into $WORK/feats-from<N>-<families> (its kept answers: data/train/smollm2-mix-from<N>-...);
+#       UNTIL=M stops that stream before the mix's prompt M, where a stream started with SKIP=M
+#       begins (the folder keeps its name: a stream is named by where it starts);
 #       PROMPTS=word-math: the ASDiv / SVAMP / MAWPS word problems beside the mix, into
 #       $WORK/feats-word-math (kept answers: data/train/smollm2-word-math-responses.jsonl.gz)
 #   scripts/train_smollm2_drafter.sh keep      # feats/responses.jsonl -> that file (to commit)
@@ -36,7 +38,8 @@ TARGET=$(python -c 'from dflash2_gguf.assets import fetch; print(fetch("smollm2-
 SHAPE=(--layers ${LAYERS:-2} --target-layer-ids 1,14,27)
 
 # SKIP=N FAMILIES=math,code (PROMPTS=mix): the mix past its first N prompts, those families only,
-# captured into their own folder $WORK/feats-from<N>-<families> (fit trains on every feats* folder)
+# captured into their own folder $WORK/feats-from<N>-<families> (fit trains on every feats* folder);
+# UNTIL=M: only the mix's prompts [N, M), so two streams never answer the same prompt
 SKIP=${SKIP:-0}
 if [ "${PROMPTS:-}" = word-math ]; then
   # the ASDiv / SVAMP / MAWPS word problems beside the mix (train/prompt_mix.py), their own folder
@@ -54,7 +57,7 @@ case "${PROMPTS:-}" in mix|word-math) if [ -z "${RESPONSES:-}" ] && [ -f "$KEPT"
 
 data() {
   python -m dflash2_gguf.train capture --target "$TARGET" "${SHAPE[@]}" --prompts "${PROMPTS:-gsm8k-train}" \
-    ${FAMILIES:+--families "$FAMILIES"} --skip "$SKIP" \
+    ${FAMILIES:+--families "$FAMILIES"} --skip "$SKIP" ${UNTIL:+--until "$UNTIL"} \
     --max-new-tokens 256 --batch-size ${BATCH:-32} --seqs-per-shard 64 --n-ctx ${N_CTX:-1536} --threads ${THREADS:-2} \
     --out "$FEATS_OUT" --resume ${RESPONSES:+--responses "$RESPONSES"}
 }

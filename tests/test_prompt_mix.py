@@ -96,6 +96,29 @@ def test_skip_and_families_continue_the_mix_without_repeating_a_prompt():
         load_prompt_families("gsm8k-train", skip=10)
 
 
+def test_until_bounds_a_stream_where_the_next_one_begins():
+    """`capture --prompts mix --skip N --until M`: the mix's positions [N, M) only, so a stream
+    started at N and one started at M (same families) answer every prompt past N once: together
+    they are the stream from N with no bound, in order, with nothing twice. A bound not past the
+    start, or one on another prompt set, is refused."""
+    from dflash2_gguf.train.cli import load_prompt_families
+    from dflash2_gguf.train.prompt_mix import prompt_mix
+
+    mix = prompt_mix()
+    first, ffams = load_prompt_families("mix", skip=2629, until=12849, families="math,code")
+    rest, rfams = load_prompt_families("mix", skip=12849, families="math,code")
+    whole, wfams = load_prompt_families("mix", skip=2629, families="math,code")
+    assert list(zip(ffams, first)) == [(f, p) for f, p in mix[2629:12849] if f in ("math", "code")]
+    assert first + rest == whole and ffams + rfams == wfams
+    assert not set(first) & set(rest) and 0 < len(first) < len(whole)
+    head, _ = load_prompt_families("mix", until=100)
+    assert head == [p for _, p in mix[:100]]
+    with pytest.raises(SystemExit, match="--until 2629 must be past --skip 2629"):
+        load_prompt_families("mix", skip=2629, until=2629)
+    with pytest.raises(SystemExit, match="use --prompts mix"):
+        load_prompt_families("gsm8k-train", until=10)
+
+
 def test_word_math_is_beside_the_mix_and_disjoint_from_every_benchmark_set(bench):
     """`capture --prompts word-math`: the ASDiv / SVAMP / MAWPS word problems, each text once, with
     GSM8K's template, shuffled, family ``word-math``; no benchmark prompt, no prompt of the mix

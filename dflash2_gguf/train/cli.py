@@ -44,21 +44,24 @@ _DEVICE_HELP = ("torch device: auto (default: cuda when torch sees a GPU, else c
 
 
 def load_prompt_families(spec: str, limit: int | None = None, seed: int = 42, *, skip: int = 0,
+                         until: int | None = None,
                          families: str | None = None) -> tuple[list[str], list[str] | None]:
     """:func:`load_prompts` and the prompt family of each prompt: the mix's (``math`` / ``code`` /
     ``chat``) for ``"mix"``, ``word-math`` for ``"word-math"`` (the word problems beside the mix,
     :func:`dflash2_gguf.train.prompt_mix.word_math_mix`), None for any other ``spec`` (one set:
     no families).
 
-    For the mix only: ``skip`` drops the first ``skip`` prompts of the whole mix, then
-    ``families`` (comma-separated, e.g. ``"math,code"``) keeps those families, the mix's order
-    kept; ``limit`` applies last. A capture that went through the first N prompts of the mix
-    goes on with ``skip=N`` into another folder and never repeats one of them (nor any held-out
-    prompt among them).
+    For the mix only: ``skip`` drops the first ``skip`` prompts of the whole mix and ``until``
+    every prompt from mix position ``until`` on (the stream is the mix's positions
+    ``[skip, until)``), then ``families`` (comma-separated, e.g. ``"math,code"``) keeps those
+    families, the mix's order kept; ``limit`` applies last (a count of the prompts kept, not a
+    mix position). A capture that went through the first N prompts of the mix goes on with
+    ``skip=N`` into another folder and never repeats one of them (nor any held-out prompt among
+    them); ``until=M`` stops it where another stream (``skip=M``) begins.
 
     Raises:
-        SystemExit: ``skip`` / ``families`` given for a spec other than ``"mix"``, or an unknown
-        family.
+        SystemExit: ``skip`` / ``until`` / ``families`` given for a spec other than ``"mix"``,
+        ``until`` not past ``skip``, or an unknown family.
     """
     if spec == "mix":
         from .prompt_mix import FAMILIES, prompt_mix
@@ -67,9 +70,13 @@ def load_prompt_families(spec: str, limit: int | None = None, seed: int = 42, *,
         bad = [f for f in keep if f not in FAMILIES]
         if bad:  # before the mix is built: a typo fails at once
             raise SystemExit(f"--families: unknown family {bad[0]!r}: use some of {', '.join(FAMILIES)}")
-        pairs = [(f, p) for f, p in prompt_mix(seed=seed)[max(0, skip):] if f in keep]
-    elif skip or families:
-        raise SystemExit(f"--skip / --families select from the mix: use --prompts mix (not {spec!r})")
+        if until is not None and until <= max(0, skip):
+            raise SystemExit(f"--until {until} must be past --skip {skip}: the stream is the mix's "
+                             f"prompts [skip, until)")
+        pairs = [(f, p) for f, p in prompt_mix(seed=seed)[max(0, skip):until] if f in keep]
+    elif skip or families or until is not None:
+        raise SystemExit(f"--skip / --until / --families select from the mix: use --prompts mix "
+                         f"(not {spec!r})")
     elif spec == "word-math":
         from .prompt_mix import word_math_mix
 
@@ -123,7 +130,7 @@ def cmd_capture(args) -> int:
     info = _target_info(args.target)
     ids = _layer_ids(args, info.n_layers)
     prompts, families = load_prompt_families(args.prompts, args.limit, args.seed, skip=args.skip,
-                                             families=args.families)
+                                             until=args.until, families=args.families)
     out = Path(args.out)
     if args.force and not args.resume:
         for old in list(out.glob("shard-*.safetensors")) + list(out.glob("responses.jsonl")):
@@ -135,7 +142,8 @@ def cmd_capture(args) -> int:
         seqs_per_shard=args.seqs_per_shard, n_parallel=args.batch_size, n_ctx_seq=args.n_ctx,
         n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, capture=args.capture, families=families,
         responses=args.responses,
-        source=f"prompts={args.prompts} skip={args.skip} families={args.families} limit={args.limit} "
+        source=f"prompts={args.prompts} skip={args.skip} until={args.until} families={args.families} "
+               f"limit={args.limit} "
                f"seed={args.seed} greedy batched "
                f"({args.batch_size} parallel) max_new_tokens={args.max_new_tokens}")
     print(f"{len(paths)} shard(s) in {out} (target layers {ids})")
@@ -310,6 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--limit", type=int, default=None)
     c.add_argument("--skip", type=int, default=0,
                    help="--prompts mix: leave out the mix's first N prompts (those an earlier capture took)")
+    c.add_argument("--until", type=int, default=None,
+                   help="--prompts mix: stop before the mix's prompt N (where another capture's --skip N "
+                        "begins); with --skip the capture takes the mix's prompts [skip, until)")
     c.add_argument("--families", default=None,
                    help="--prompts mix: only these families, comma-separated (math, code, chat), the mix's order")
     c.add_argument("--max-new-tokens", type=int, default=512)
