@@ -70,10 +70,11 @@ def load_prompt_families(spec: str, limit: int | None = None, seed: int = 42, *,
         bad = [f for f in keep if f not in FAMILIES]
         if bad:  # before the mix is built: a typo fails at once
             raise SystemExit(f"--families: unknown family {bad[0]!r}: use some of {', '.join(FAMILIES)}")
-        if until is not None and until <= max(0, skip):
+        start = max(0, skip)
+        if until is not None and until <= start:
             raise SystemExit(f"--until {until} must be past --skip {skip}: the stream is the mix's "
                              f"prompts [skip, until)")
-        pairs = [(f, p) for f, p in prompt_mix(seed=seed)[max(0, skip):until] if f in keep]
+        pairs = [(f, p) for f, p in prompt_mix(seed=seed)[start:until] if f in keep]
     elif skip or families or until is not None:
         raise SystemExit(f"--skip / --until / --families select from the mix: use --prompts mix "
                          f"(not {spec!r})")
