@@ -70,6 +70,15 @@ class GenerationStats:
         decode_tokens_per_second: ``(n_generated - 1) / (t_total_s - t_prefill_s)`` (the first
             token comes from the prefill).
         stop_reason: ``"length"``, ``"eog"``, ``"stop"`` or ``"context"``.
+        rollback: How rejected drafts left the target's memory: ``"kv"`` (a plain KV cache),
+            ``"native"`` (recurrent-state snapshots, llama.cpp's ``n_rs_seq``) or
+            ``"checkpoint"`` (a copy of the recurrent state before each verify pass, restored on
+            a rejection, and the accepted tokens decoded again); see native/target_memory.h.
+        n_rollbacks: Cycles whose rejected drafts were dropped from the target's memory.
+        n_redecoded: Tokens decoded again after a checkpoint restore.
+        t_rollback_s: Seconds in state copies, restores, re-decodes and tail removals.
+        n_checkpoints: Prompt checkpoints the target holds after this generation (targets with a
+            recurrent state or a sliding window: what a later prompt can reuse).
     """
 
     n_prompt: int
@@ -96,6 +105,11 @@ class GenerationStats:
     n_drafter_skipped: int = 0
     predicted_tokens_per_second: float = 0.0
     measured_tokens_per_second: float = 0.0
+    rollback: str = "kv"
+    n_rollbacks: int = 0
+    n_redecoded: int = 0
+    t_rollback_s: float = 0.0
+    n_checkpoints: int = 0
 
     @classmethod
     def _from_native(cls, d: Mapping[str, Any]) -> "GenerationStats":
@@ -129,6 +143,11 @@ class GenerationStats:
             tokens_per_second=(n / total) if total > 0 else 0.0,
             decode_tokens_per_second=((n - 1) / (total - pre)) if n > 1 and total > pre else 0.0,
             stop_reason=str(d["stop_reason"]),
+            rollback=str(d["rollback"]) or "kv",
+            n_rollbacks=int(d["n_rollbacks"]),
+            n_redecoded=int(d["n_redecoded"]),
+            t_rollback_s=d["t_rollback_ms"] / 1000.0,
+            n_checkpoints=int(d["n_checkpoints"]),
         )
 
 
@@ -204,6 +223,11 @@ class StreamChunk:
 def _cut_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     cut = min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=-1)
     return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+def _cost_dict(c: Any) -> dict:
+    """A native CostModel as the dict that ``cost_model=`` takes and cost-models.json keeps."""
+    return {"verify_ms": list(c.verify_ms), "draft_ms": c.draft_ms, "rollback_ms": c.rollback_ms}
 
 
 def _file_id(path) -> Optional[list]:
@@ -282,6 +306,10 @@ class DFlashDecoder:
             cache is overwritten, restored when a later prompt shares more with one of them, so
             that a short side request does not evict a long conversation. Least recently used
             entries go first.
+        swa_full: llama.cpp's ``--swa-full``: a sliding-window target (gemma3, gpt-oss, ...)
+            keeps every cell of its windowed layers. Off (the default, as in llama-server) it
+            keeps the window plus one batch, and a prompt that reuses a prefix whose window has
+            been overwritten restarts from a prompt checkpoint (native/target_memory.h).
         verbose: Print llama.cpp's own log (model loading, contexts) to stderr; otherwise only
             its errors. The setting is process-wide (``llama_log_set``).
 
@@ -314,6 +342,7 @@ class DFlashDecoder:
         repack: bool = True,
         capture: str = "auto",
         cache_ram_mib: int = 1024,
+        swa_full: bool = False,
         cost_model: Union[str, Mapping[str, Any], None] = "auto",
         verbose: bool = False,
     ) -> None:
@@ -346,6 +375,7 @@ class DFlashDecoder:
         if int(cache_ram_mib) < 0:
             raise ValueError("cache_ram_mib must be >= 0 (0 disables the RAM prompt cache)")
         o.cache_ram_mib = int(cache_ram_mib)
+        o.swa_full = bool(swa_full)
         self.target_path = str(target)
         self.drafter_path = None if drafter is None else str(drafter)
         if not (cost_model in ("auto", None) or isinstance(cost_model, Mapping)):
@@ -444,22 +474,30 @@ class DFlashDecoder:
         return self.engine.capture_path
 
     @property
+    def rollback_mode(self) -> str:
+        """How rejected drafts leave the target's memory: ``"kv"``, ``"native"`` (recurrent-state
+        snapshots) or ``"checkpoint"`` (state copy, restore, re-decode); see
+        :attr:`GenerationStats.rollback`."""
+        return self.engine.rollback_mode
+
+    @property
     def n_vocab(self) -> int:
         return self.engine.n_vocab
 
     @property
     def cost_model(self) -> Optional[dict]:
-        """``{"verify_ms": [...], "draft_ms": float}`` now in use (None before it is measured or
-        set): ms of a target pass over 1, 2, ... rows and of a drafter pass."""
+        """``{"verify_ms": [...], "draft_ms": float, "rollback_ms": float}`` now in use (None
+        before it is measured or set): ms of a target pass over 1, 2, ... rows, of a drafter pass,
+        and of rolling a recurrent target back by checkpoint per drafting cycle (0 elsewhere)."""
         c = self.engine.cost_model()
-        return {"verify_ms": list(c.verify_ms), "draft_ms": c.draft_ms} if c.valid else None
+        return _cost_dict(c) if c.valid else None
 
     def measure_cost_model(self, reps: int = 3, save: bool = True) -> dict:
         """Measure the cost model now (clears the prompt cache) and, with ``save``, keep it in
         ``<cache>/cost-models.json`` for later decoders of the same files and settings."""
         with self._lock:
             c = self.engine.measure_costs(int(reps))
-        d = {"verify_ms": list(c.verify_ms), "draft_ms": c.draft_ms}
+        d = _cost_dict(c)
         if save:
             _save_cost_model(self._cost_key, d)
         return d
@@ -471,6 +509,7 @@ class DFlashDecoder:
         c.fixed = bool(fixed)
         c.verify_ms = [float(x) for x in d["verify_ms"]]
         c.draft_ms = float(d.get("draft_ms", 0.0))
+        c.rollback_ms = float(d.get("rollback_ms", 0.0))
         if not c.valid or any(x <= 0 for x in c.verify_ms):
             raise ValueError("cost_model verify_ms must be positive milliseconds for 1, 2, ... rows")
         self.engine.set_cost_model(c)

@@ -86,6 +86,10 @@ def _generate_run(args: argparse.Namespace) -> int:
                     {"token": lp.token, "logprob": lp.logprob, "top": [[t, v] for t, v in lp.top]} for lp in res.logprobs],
                 "drafter_version": dec.drafter_version,
                 "capture_path": dec.capture_path,
+                "rollback": st.rollback,
+                "n_rollbacks": st.n_rollbacks,
+                "n_redecoded": st.n_redecoded,
+                "t_rollback_s": st.t_rollback_s,
             }
             print(json.dumps(out))
         else:
@@ -103,6 +107,9 @@ def _generate_run(args: argparse.Namespace) -> int:
                     print(f"[dflash2-gguf] drafts per cycle (k: cycles) "
                           f"{ {k: n for k, n in enumerate(st.k_hist) if n} }, drafter skipped in "
                           f"{st.n_drafter_skipped} of {st.n_cycles} cycles", file=sys.stderr)
+                if dec.has_drafter and (args.verbose or st.rollback != "kv"):
+                    print(f"[dflash2-gguf] rollback {st.rollback}: {st.n_rollbacks} cycles rolled back, "
+                          f"{st.n_redecoded} tokens decoded again, {1000 * st.t_rollback_s:.1f} ms", file=sys.stderr)
     return 0
 
 
@@ -199,12 +206,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = parser.parse_args(argv)
     try:
         return int(args._run(args) or 0)
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError, RuntimeError) as e:  # RuntimeError: DFlashError and friends
         print(f"dflash2-gguf {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except RuntimeError as e:  # DFlashError and friends
-        print(f"dflash2-gguf {args.command}: error: {e}", file=sys.stderr)
-        return 1
+        if getattr(args, "json", None) is True:  # `generate --json`: one JSON object on stdout, failures too
+            print(json.dumps({"error": {"message": str(e), "type": type(e).__name__}}))
+        return 1 if isinstance(e, RuntimeError) else 2
 
 
 if __name__ == "__main__":

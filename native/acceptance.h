@@ -36,6 +36,7 @@ enum TestFault : int {
     kFaultWrongRule = 1,             // accept when u < p (ignores q)
     kFaultPenaltyWithDrafts = 2,     // every verify row's p uses the state after ALL drafts
     kFaultBonusWithoutPenalty = 3,   // residual / bonus drawn from p computed without penalties
+    kFaultNoRollback = 4,            // rejected drafts stay in the target's memory (driver.cpp)
 };
 
 struct AcceptResult {

@@ -22,6 +22,10 @@ void CostModel::observe_draft(double ms) {
     if (!fixed && ms > 0.0) draft_ms = ema(draft_ms, ms);
 }
 
+void CostModel::observe_rollback(double ms) {
+    if (!fixed && ms > 0.0) rollback_ms = ema(rollback_ms, ms);
+}
+
 double expected_tokens(const std::vector<double> & a, int k) {
     double e = 1.0, run = 1.0;
     for (int i = 0; i < k && i < (int) a.size(); ++i) {
@@ -40,7 +44,7 @@ int choose_draft_length(const CostModel & cost, const std::vector<double> & a, i
     for (int k = 1; k <= kk; ++k) {
         run *= std::clamp(a[k - 1], 0.0, 1.0);
         e += run;
-        const double t = cost.verify_ms[k] + draft_ms;
+        const double t = cost.verify_ms[k] + draft_ms + cost.rollback_ms;
         if (cost.verify_ms[k] <= 0.0) continue;  // not measured: never chosen
         const double r = e / t;
         if (r >= best_rate) { best_rate = r; best = k; }  // ties: the longer draft (free rows)

@@ -24,14 +24,19 @@ namespace dflash2 {
 struct CostModel {
     std::vector<double> verify_ms;
     double draft_ms = 0.0;
+    // Extra milliseconds a cycle that verifies k > 0 drafts costs to roll the target back on a
+    // recurrent target without native rollback (the state copy before the pass, and on a
+    // rejection its restore plus the re-decode of the accepted tokens: target_memory.h); 0 else.
+    double rollback_ms = 0.0;
     bool fixed = false;  // set by the caller: observe_* leave it as it is
     bool valid() const { return !verify_ms.empty() && verify_ms[0] > 0.0; }
     // Exponential moving average update with a new measurement (alpha 0.1; the first sets it).
     void observe_verify(int rows, double ms);
     void observe_draft(double ms);
+    void observe_rollback(double ms);
 };
 
-// The exact argmax over k = 0..min(k_max, a.size()) of E(k) / (verify_ms[k] + (k > 0 ? draft_ms : 0)),
+// The exact argmax over k = 0..min(k_max, a.size()) of E(k) / (verify_ms[k] + (k > 0 ? draft_ms + rollback_ms : 0)),
 // ties to the larger k (a flat cost curve then drafts the whole block). `rate` (if set) receives the best value in tokens per millisecond.
 // draft_ms is what drafting still costs at decision time (0 once the drafter pass has run).
 int choose_draft_length(const CostModel & cost, const std::vector<double> & a, int k_max, double draft_ms,

@@ -63,6 +63,11 @@ struct BatchGuard {
 
 // Tokens about to be discarded from the live cache that make it worth saving to the RAM cache.
 constexpr int kMinSaveTokens = 32;
+// Prompt checkpoints (target_memory.h): this many tokens before the end of each prompt, and every
+// kCheckpointEvery tokens of a long prefill (llama-server places its own near the end of the
+// prompt and at user-message starts, tools/server/server-context.cpp at 0c1e570).
+constexpr int kCheckpointTail = 4;
+constexpr int kCheckpointEvery = 2048;
 
 }  // namespace
 
@@ -112,9 +117,14 @@ Engine::Engine(const EngineOptions & opt) : opt_(opt) {
         cp.n_threads_batch = n_threads;
         cp.flash_attn_type = (llama_flash_attn_type) opt.flash_attn;
         cp.no_perf = true;
+        cp.swa_full = opt.swa_full;
         if (cap_) cap_->configure(cp);
+        // a recurrent target keeps state snapshots for the most drafts a cycle verifies
+        const int n_rollback_max = want_dft ? block_size_ - 1 : 0;
+        TargetMemory::configure(model_tgt_, n_rollback_max, cp);
         ctx_tgt_ = llama_init_from_model(model_tgt_, cp);
         if (!ctx_tgt_) throw Error(kErrLoad, "failed to create the target context (n_ctx " + std::to_string(n_ctx_tgt_) + ")");
+        mem_ = std::make_unique<TargetMemory>(ctx_tgt_, model_tgt_, n_rollback_max);
 
         // 5. Drafter model + context (ctx_other = target context).
         if (want_dft) {
@@ -143,6 +153,7 @@ Engine::~Engine() { close(); }
 
 void Engine::close() {
     cache_.reset();
+    mem_.reset();
     dft_.reset();                                                 // the drafter (ctx_other user) first,
     if (ctx_tgt_) { llama_free(ctx_tgt_); ctx_tgt_ = nullptr; }   // contexts before models
     if (model_tgt_) { llama_model_free(model_tgt_); model_tgt_ = nullptr; }
@@ -160,6 +171,7 @@ void Engine::forget_cache() {
     pending_.clear();
     n_pending_ = 0;
     llama_memory_clear(llama_get_memory(ctx_tgt_), true);
+    mem_->checkpoints().clear();
     if (dft_) dft_->clear();
     tokens_.clear();
     n_past_ = n_dft_valid_ = 0;
@@ -280,31 +292,44 @@ void Engine::commit(Chunk & c, int32_t tok, bool from_draft, const float * raw) 
 // (saving the live one first when it would lose at least kMinSaveTokens). At least one prompt
 // token is always evaluated again, so that a full-prefix hit still yields the first token's
 // logits; with a drafter in use the reuse stops where the drafter's injected features stop.
+// On a target whose memory cannot be cut anywhere (recurrent state, sliding window), the reuse
+// stops at the latest prompt checkpoint within the shared prefix (target_memory.h).
 int Engine::reuse_prefix(const std::vector<int32_t> & prompt) {
     const int n = (int) prompt.size();
-    int live = common_prefix(tokens_, prompt, std::min(n_past_, n));
+    // the drafter's features bound the reuse when it drafts (its cache holds no more)
+    auto bound = [&](int lcp, int n_dft) {
+        int w = std::min(lcp, n - 1);
+        if (dft_ && gp_.use_drafter) w = std::min(w, n_dft);
+        return w;
+    };
+    int live = mem_->usable_prefix(n_past_, bound(common_prefix(tokens_, prompt, std::min(n_past_, n)),
+                                                  n_dft_valid_ + n_pending_), mem_->checkpoints(), true);
     if (cache_) {
         int lcp = 0;
-        const int bi = cache_->best(prompt, lcp);
+        const PromptCache::Usable usable = [&](const std::vector<int32_t> & toks, int l, const std::vector<StateCheckpoint> & ck) {
+            return mem_->usable_prefix((int) toks.size(), bound(l, n), ck, false);
+        };
+        const int bi = cache_->best(prompt, lcp, usable);
         const bool restore = bi >= 0 && lcp > live;
-        if (n_past_ - live >= kMinSaveTokens) {
+        const int held_lcp = common_prefix(tokens_, prompt, std::min(n_past_, n));
+        if (n_past_ - held_lcp >= kMinSaveTokens) {
             flush_pending();  // the saved drafter state then holds every feature of the prefix
             cache_->save(ctx_tgt_, dft_ ? dft_->ctx() : nullptr,
-                         std::vector<int32_t>(tokens_.begin(), tokens_.begin() + n_past_), n_dft_valid_);
+                         std::vector<int32_t>(tokens_.begin(), tokens_.begin() + n_past_), n_dft_valid_,
+                         mem_->checkpoints());
         }
         if (restore) {
-            const int bi2 = cache_->best(prompt, lcp);  // indices move when save() drops entries
-            cache_->restore(bi2, ctx_tgt_, dft_ ? dft_->ctx() : nullptr, tokens_, n_dft_valid_);
+            const int bi2 = cache_->best(prompt, lcp, usable);  // indices move when save() drops entries
+            cache_->restore(bi2, ctx_tgt_, dft_ ? dft_->ctx() : nullptr, tokens_, n_dft_valid_, &mem_->checkpoints());
             pending_.clear();  // they belonged to the replaced state
             n_pending_ = 0;
             n_past_ = (int) tokens_.size();
-            live = lcp;
-            stats_.n_cache_restored = lcp;
+            live = mem_->usable_prefix(n_past_, bound(common_prefix(tokens_, prompt, std::min(n_past_, n)), n_dft_valid_),
+                                       mem_->checkpoints(), true);
+            stats_.n_cache_restored = live;
         }
     }
-    int reuse = std::min(live, n - 1);
-    if (dft_ && gp_.use_drafter) reuse = std::min(reuse, n_dft_valid_ + n_pending_);
-    return reuse;
+    return live;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -356,16 +381,36 @@ CostModel Engine::measure_costs(int reps) {
     decode_target(toks.data(), n, 0, false, dft_ != nullptr);
     if (dft_) inject_rows(0, n, 0);
     auto median = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
+    // a recurrent target goes back to n through a state copy (rows may exceed its snapshots);
+    // the copy and restore are timed for the checkpoint rollback's cost
+    std::vector<uint8_t> state;
+    std::vector<double> t_save, t_restore;
+    if (mem_->recurrent()) state = mem_->save_partial();
+    auto rewind = [&]() {
+        if (mem_->recurrent()) {
+            const double t0 = now_ms();
+            mem_->restore_partial(state);
+            t_restore.push_back(now_ms() - t0);
+        }
+        llama_memory_seq_rm(llama_get_memory(ctx_tgt_), 0, n, -1);
+    };
     for (int r = 1; r <= rows; ++r) {
         std::vector<double> t;
         for (int i = 0; i < reps + 1; ++i) {  // the first pass warms up
+            if (mem_->recurrent()) {
+                const double t0 = now_ms();
+                state = mem_->save_partial();
+                t_save.push_back(now_ms() - t0);
+            }
             const double t0 = now_ms();
             decode_target(toks.data() + n, r, n, true, dft_ != nullptr);
             if (i > 0) t.push_back(now_ms() - t0);
-            llama_memory_seq_rm(llama_get_memory(ctx_tgt_), 0, n, -1);
+            rewind();
         }
         c.verify_ms[r - 1] = median(t);
     }
+    // checkpoint rollback: copy + restore + (on a rejection) a short re-decode, ~ one row
+    if (mem_->rollback() == Rollback::kCheckpoint) c.rollback_ms = median(t_save) + median(t_restore) + c.verify_ms[0];
     if (dft_) {
         std::vector<double> t;
         for (int i = 0; i < reps + 1; ++i) {
@@ -415,7 +460,7 @@ Chunk Engine::begin(const std::vector<int32_t> & prompt, const GenParams & gp) {
     const int n = (int) prompt.size();
     const int reuse = gp_.cache_prompt ? reuse_prefix(prompt) : 0;
     // everything past the reused prefix leaves both caches
-    llama_memory_seq_rm(llama_get_memory(ctx_tgt_), 0, reuse, -1);
+    mem_->cut_to(reuse, n_past_);
     n_past_ = reuse;
     tokens_.assign(prompt.begin(), prompt.begin() + reuse);
     if (dft_) truncate_features(reuse);
@@ -426,10 +471,23 @@ Chunk Engine::begin(const std::vector<int32_t> & prompt, const GenParams & gp) {
     const bool lazy = gp_.adaptive && cost_.valid() && !gate_.open(cost_);
     stats_.n_cached = reuse;
 
-    for (int off = reuse; off < n; off += n_batch_tgt_) {
-        const int m = std::min(n_batch_tgt_, n - off);
+    // prompt checkpoints (targets that need them): kCheckpointTail tokens before the end, so that
+    // the next turn of a chat (whose template may render the last tokens of this prompt another
+    // way) and a repeat of this prompt find one, and every kCheckpointEvery tokens of a long prefill
+    const bool ckpt = mem_->needs_prompt_checkpoints();
+    const int ckpt_tail = n - kCheckpointTail;
+    for (int off = reuse; off < n;) {
+        int m = std::min(n_batch_tgt_, n - off);
+        if (ckpt) {
+            const int next_every = (off / kCheckpointEvery + 1) * kCheckpointEvery;
+            if (next_every < ckpt_tail) m = std::min(m, next_every - off);
+            else if (off < ckpt_tail) m = std::min(m, ckpt_tail - off);
+        }
         decode_target(prompt.data() + off, m, off, false, feats);
         n_past_ = off + m;
+        if (ckpt && n_past_ <= ckpt_tail && (n_past_ == ckpt_tail || n_past_ % kCheckpointEvery == 0)) {
+            mem_->save_checkpoint(n_past_);
+        }
         // a drafter context shorter than the target's keeps what fits (drafting stops later)
         const int fit = std::min(m, n_ctx_dft_ - off);
         if (feats && fit > 0) {
@@ -441,10 +499,13 @@ Chunk Engine::begin(const std::vector<int32_t> & prompt, const GenParams & gp) {
                 n_dft_valid_ = off + fit;
             }
         }
+        off += m;
     }
     tokens_ = prompt;
     n_prompt_ = n;
     active_ = true;
+    stats_.rollback = rollback_name(mem_->rollback());
+    stats_.n_checkpoints = (int64_t) mem_->checkpoints().size();
     for (int t : prompt) state_.accept_prompt(t);
 
     Chunk c;
@@ -526,11 +587,18 @@ Chunk Engine::step() {
     double pred_tokens = 1.0, pred_ms = adaptive ? cost_.verify_ms[0] : 0.0;
     if (adaptive && run_drafter) {
         pred_tokens = expected_tokens(acc, k);
-        pred_ms = cost_.verify_ms[k] + cost_.draft_ms;
+        pred_ms = cost_.verify_ms[k] + cost_.draft_ms + (k > 0 ? cost_.rollback_ms : 0.0);
         gate_.observe_drafting(pred_tokens / pred_ms);
     }
 
-    // verify [anchor, d1..dk] in one target pass
+    // verify [anchor, d1..dk] in one target pass (a recurrent target without native rollback
+    // copies its state first)
+    double rb_ms = 0;
+    if (k > 0 && mem_->rollback() == Rollback::kCheckpoint) {
+        t0 = now_ms();
+        mem_->before_verify(P, k);
+        rb_ms += now_ms() - t0;
+    }
     t0 = now_ms();
     std::vector<int32_t> vt(k + 1);
     vt[0] = anchor;
@@ -579,12 +647,10 @@ Chunk Engine::step() {
     stats_.n_committed_cycles += stats_.n_generated - before;
     stats_.t_sample_ms += now_ms() - t0;
 
-    // roll back: the target keeps anchor + accepted drafts; the last committed token is the next anchor
-    n_past_ = P + a + 1;
-    llama_memory_seq_rm(llama_get_memory(ctx_tgt_), 0, n_past_, -1);
     // the features of rows 0..a go to the drafter now when it drafted this cycle, else they wait
     // in pending_ and go in one batch when it drafts again (pending_ outlives the generation: the
-    // next request's prompt cache reuses them like injected ones)
+    // next request's prompt cache reuses them like injected ones). Before the rollback: a
+    // re-decode would overwrite this pass's features.
     const int fit = std::min(a + 1, n_ctx_dft_ - P);
     if (drafting && fit > 0 && n_dft_valid_ + n_pending_ == P) {
         t0 = now_ms();
@@ -596,6 +662,21 @@ Chunk Engine::step() {
         }
         stats_.t_inject_ms += now_ms() - t0;
     }
+    // roll back: the target keeps anchor + accepted drafts; the last committed token is the next
+    // anchor. A checkpoint restore returns to P: anchor + accepted drafts are decoded again.
+    n_past_ = P + a + 1;
+    if (a < k && gp_.test_fault != kFaultNoRollback) {
+        t0 = now_ms();
+        const int redo = mem_->cut_after_verify(P, n_past_, P + k + 1);
+        if (redo > 0) {
+            decode_target(vt.data(), redo, P, false, false);
+            stats_.n_redecoded += redo;
+        }
+        rb_ms += now_ms() - t0;
+        stats_.n_rollbacks++;
+    }
+    stats_.t_rollback_ms += rb_ms;
+    if (k > 0 && mem_->rollback() == Rollback::kCheckpoint) cost_.observe_rollback(rb_ms);
     if (adaptive) {
         stats_.predicted_tokens += pred_tokens;
         stats_.predicted_ms += pred_ms;

@@ -22,6 +22,7 @@
 #include "drafter.h"
 #include "prompt_cache.h"
 #include "sampling.h"
+#include "target_memory.h"
 
 struct llama_model;
 struct llama_context;
@@ -48,6 +49,8 @@ struct EngineOptions {
     bool kv_f32_draft       = false;// F32 drafter K/V cache (parity tests); default F16
     bool repack             = true; // llama.cpp --repack: CPU weight repacking (use_extra_bufts), both models
     std::string capture     = "auto"; // "auto" | "layer_inp" | "cb_eval"
+    bool swa_full           = false;// llama.cpp --swa-full: a sliding-window target keeps every cell
+                                    // (off: n_swa + n_batch cells, as llama-server; target_memory.h)
     int64_t cache_ram_mib   = 1024; // RAM prompt cache (llama-server --cache-ram): saved prefixes
                                     // (target KV + drafter state), MiB; 0 = off
 };
@@ -93,6 +96,12 @@ struct Stats {
     int64_t n_drafter_skipped = 0; // cycles that did not run the drafter (gate closed)
     double predicted_tokens = 0, predicted_ms = 0;  // sums over cycles, from the cost model
     double measured_ms = 0;     // wall time of those cycles (draft + verify + accept + inject)
+    // rolling the target back (target_memory.h)
+    std::string rollback;       // "kv" | "native" | "checkpoint"
+    int64_t n_rollbacks = 0;    // cycles that dropped rejected drafts from the target's memory
+    int64_t n_redecoded = 0;    // tokens decoded again after a checkpoint restore
+    double t_rollback_ms = 0;   // checkpoint copies, restores, re-decodes and seq_rm calls
+    int64_t n_checkpoints = 0;  // prompt checkpoints held after this generation
 };
 
 // Tokens committed by one call to begin() (the prefill's first token) or step() (one cycle).
@@ -140,6 +149,11 @@ class Engine {
     int  n_ctx() const { return n_ctx_tgt_; }
     int  mask_token() const { return mask_token_; }
     std::string capture_path() const { return capture_; }
+    // How rejected drafts leave the target's memory: "kv", "native" (recurrent-state snapshots,
+    // n_rs_seq) or "checkpoint" (state copy, restore, re-decode); see target_memory.h.
+    std::string rollback_mode() const { return mem_ ? rollback_name(mem_->rollback()) : "kv"; }
+    bool recurrent_target() const { return mem_ && mem_->recurrent(); }
+    int n_swa() const { return mem_ ? mem_->n_swa() : 0; }
     std::string target_arch() const { return arch_tgt_; }
     std::vector<int32_t> target_layers() const { return lids_; }
     llama_model * target_model() const { return model_tgt_; }
@@ -187,6 +201,7 @@ class Engine {
     std::unique_ptr<FeatureCapture> cap_;
     std::unique_ptr<Drafter> dft_;
     std::unique_ptr<PromptCache> cache_;
+    std::unique_ptr<TargetMemory> mem_;
 
     std::string arch_tgt_, capture_;
     int n_vocab_ = 0, n_embd_ = 0, n_layer_tgt_ = 0, n_ctx_tgt_ = 0, n_ctx_dft_ = 0;

@@ -84,6 +84,11 @@ nb::dict stats_dict(const dflash2::Stats & s) {
     d["predicted_tokens"] = s.predicted_tokens;
     d["predicted_ms"] = s.predicted_ms;
     d["measured_ms"] = s.measured_ms;
+    d["rollback"] = s.rollback;
+    d["n_rollbacks"] = s.n_rollbacks;
+    d["n_redecoded"] = s.n_redecoded;
+    d["t_rollback_ms"] = s.t_rollback_ms;
+    d["n_checkpoints"] = s.n_checkpoints;
     return d;
 }
 
@@ -154,6 +159,7 @@ NB_MODULE(_native, m) {
         .def_rw("kv_f32_draft", &dflash2::EngineOptions::kv_f32_draft)
         .def_rw("repack", &dflash2::EngineOptions::repack)
         .def_rw("capture", &dflash2::EngineOptions::capture)
+        .def_rw("swa_full", &dflash2::EngineOptions::swa_full)
         .def_rw("cache_ram_mib", &dflash2::EngineOptions::cache_ram_mib);
 
     // One binding line per field, generated from the one list of sampling options (sampling.h).
@@ -185,6 +191,7 @@ NB_MODULE(_native, m) {
         .def(nb::init<>())
         .def_rw("verify_ms", &dflash2::CostModel::verify_ms)
         .def_rw("draft_ms", &dflash2::CostModel::draft_ms)
+        .def_rw("rollback_ms", &dflash2::CostModel::rollback_ms)
         .def_rw("fixed", &dflash2::CostModel::fixed)
         .def_prop_ro("valid", &dflash2::CostModel::valid);
     m.def("choose_draft_length", [](const dflash2::CostModel & c, const std::vector<double> & a, int k_max, double draft_ms) {
@@ -258,6 +265,9 @@ NB_MODULE(_native, m) {
         .def_prop_ro("n_ctx", &dflash2::Engine::n_ctx)
         .def_prop_ro("mask_token", &dflash2::Engine::mask_token)
         .def_prop_ro("capture_path", &dflash2::Engine::capture_path)
+        .def_prop_ro("rollback_mode", &dflash2::Engine::rollback_mode)
+        .def_prop_ro("recurrent_target", &dflash2::Engine::recurrent_target)
+        .def_prop_ro("n_swa", &dflash2::Engine::n_swa)
         .def_prop_ro("target_arch", &dflash2::Engine::target_arch)
         .def_prop_ro("target_layers", &dflash2::Engine::target_layers)
         .def_prop_ro("n_cached_tokens", &dflash2::Engine::n_cached_tokens)

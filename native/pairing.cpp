@@ -148,11 +148,6 @@ std::string validate_pairing(const DrafterMeta & dm, const std::string & drafter
     const int64_t n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(target));
     const int64_t n_embd = llama_model_n_embd(target);
     const int64_t n_layer = llama_model_n_layer(target);
-    if (llama_model_is_recurrent(target) || llama_model_is_hybrid(target)) {
-        throw Error(kErrUnsupported, "target architecture '" + arch +
-            "' is recurrent/hybrid: rolling back rejected drafts needs state checkpoints, "
-            "which this driver does not implement; run this target without a drafter (-md none)");
-    }
     if (dm.n_vocab != n_vocab) {
         throw Error(kErrIncompatible, "vocabulary mismatch: drafter has " + std::to_string(dm.n_vocab) +
             " tokens, target has " + std::to_string(n_vocab));

@@ -40,7 +40,7 @@ std::vector<int32_t> tokenize_text(const llama_model * m, const std::string & te
 // Error(kErrLoad) when libllama cannot load it.
 llama_model * load_gguf(const std::string & path, int n_gpu_layers, bool repack, const char * role);
 
-// Checks drafter against target: dflash arch, not a recurrent/hybrid target, vocabulary, hidden
+// Checks drafter against target: dflash arch, vocabulary, hidden
 // size, target layer ids inside the target's usable layers, DFlash 2 width (the lattice needs
 // hidden >= top_k * (top_k + 1)), block size. Returns the capture path ("layer_inp" or
 // "cb_eval") for `capture` ("auto" | "layer_inp" | "cb_eval"). Throws Error(kErrIncompatible or

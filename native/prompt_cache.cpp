@@ -25,12 +25,19 @@ std::vector<uint8_t> seq_state(llama_context * ctx) {
 }
 }  // namespace
 
-bool PromptCache::save(llama_context * tgt, llama_context * dft, const std::vector<int32_t> & tokens, int n_dft_valid) {
+size_t PromptCache::Entry::bytes() const {
+    size_t b = tgt.size() + dft.size();
+    for (const auto & c : ckpts) b += c.data.size();
+    return b;
+}
+
+bool PromptCache::save(llama_context * tgt, llama_context * dft, const std::vector<int32_t> & tokens, int n_dft_valid,
+                       const std::vector<StateCheckpoint> & ckpts) {
     if (tokens.empty()) return false;
     for (size_t i = 0; i < entries_.size();) {  // superseded: a prefix of what is saved now
         const auto & t = entries_[i].tokens;
         if (t.size() <= tokens.size() && common_prefix(t, tokens, (int) tokens.size()) == (int) t.size()) {
-            bytes_ -= entries_[i].tgt.size() + entries_[i].dft.size();
+            bytes_ -= entries_[i].bytes();
             entries_.erase(entries_.begin() + i);
         } else {
             ++i;
@@ -40,9 +47,10 @@ bool PromptCache::save(llama_context * tgt, llama_context * dft, const std::vect
     e.tokens = tokens;
     e.tgt = seq_state(tgt);
     if (dft) e.dft = seq_state(dft);
+    e.ckpts = ckpts;
     e.n_dft_valid = n_dft_valid;
     e.used = ++clock_;
-    const size_t sz = e.tgt.size() + e.dft.size();
+    const size_t sz = e.bytes();
     if (sz > budget_) return false;
     evict_to(budget_ - sz);
     bytes_ += sz;
@@ -50,17 +58,19 @@ bool PromptCache::save(llama_context * tgt, llama_context * dft, const std::vect
     return true;
 }
 
-int PromptCache::best(const std::vector<int32_t> & prompt, int & lcp) const {
+int PromptCache::best(const std::vector<int32_t> & prompt, int & lcp, const Usable & usable) const {
     int bi = -1;
     lcp = 0;
     for (size_t i = 0; i < entries_.size(); ++i) {
-        const int l = common_prefix(entries_[i].tokens, prompt, (int) prompt.size());
+        int l = common_prefix(entries_[i].tokens, prompt, (int) prompt.size());
+        if (usable) l = usable(entries_[i].tokens, l, entries_[i].ckpts);
         if (l > lcp) { lcp = l; bi = (int) i; }
     }
     return bi;
 }
 
-void PromptCache::restore(int i, llama_context * tgt, llama_context * dft, std::vector<int32_t> & tokens, int & n_dft_valid) {
+void PromptCache::restore(int i, llama_context * tgt, llama_context * dft, std::vector<int32_t> & tokens, int & n_dft_valid,
+                          std::vector<StateCheckpoint> * ckpts) {
     Entry & e = entries_.at(i);
     if (llama_state_seq_set_data(tgt, e.tgt.data(), e.tgt.size(), 0) == 0) {
         throw Error(kErrInternal, "libllama refused a saved target state (llama_state_seq_set_data)");
@@ -77,13 +87,14 @@ void PromptCache::restore(int i, llama_context * tgt, llama_context * dft, std::
         }
     }
     tokens = e.tokens;
+    if (ckpts) *ckpts = e.ckpts;
     e.used = ++clock_;
 }
 
 void PromptCache::evict_to(size_t budget) {
     while (bytes_ > budget && !entries_.empty()) {
         auto it = std::min_element(entries_.begin(), entries_.end(), [](const Entry & a, const Entry & b) { return a.used < b.used; });
-        bytes_ -= it->tgt.size() + it->dft.size();
+        bytes_ -= it->bytes();
         entries_.erase(it);
     }
 }

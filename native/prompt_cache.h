@@ -7,12 +7,17 @@
 // (llama_state_seq_get_data), so that a short side request (an agent's title or summary call)
 // does not evict a long conversation: before the live state is overwritten it is saved here, and
 // a prompt that shares more with a saved prefix than with the live one restores that prefix.
-// Entries are evicted least recently used first to stay within the byte budget.
+// Entries are evicted least recently used first to stay within the byte budget. On targets whose
+// memory cannot be cut to any prefix (target_memory.h) an entry also keeps the prompt checkpoints
+// of its sequence.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
+
+#include "target_memory.h"
 
 struct llama_context;
 
@@ -25,12 +30,18 @@ class PromptCache {
     // Save the live state of seq 0 of both contexts (`dft` may be null): `tokens` are the tokens
     // the target holds, the drafter holds features of the first n_dft_valid. Entries that are a
     // prefix of `tokens` are dropped (superseded). Returns false when it does not fit the budget.
-    bool save(llama_context * tgt, llama_context * dft, const std::vector<int32_t> & tokens, int n_dft_valid);
-    // Entry sharing the longest common prefix with `prompt` (-1 if none), and that length.
-    int best(const std::vector<int32_t> & prompt, int & lcp) const;
-    // Load entry i into both contexts (replacing seq 0); its tokens and drafter prefix out.
-    // Throws Error(kErrInternal) when libllama refuses the state.
-    void restore(int i, llama_context * tgt, llama_context * dft, std::vector<int32_t> & tokens, int & n_dft_valid);
+    // `ckpts`: the target's prompt checkpoints of that sequence (kept with the entry).
+    bool save(llama_context * tgt, llama_context * dft, const std::vector<int32_t> & tokens, int n_dft_valid,
+              const std::vector<StateCheckpoint> & ckpts = {});
+    // Entry whose usable prefix for `prompt` is the longest (-1 if none), and that length. The
+    // usable prefix is `usable(entry tokens, common prefix length, entry checkpoints)`; by
+    // default the common prefix itself.
+    using Usable = std::function<int(const std::vector<int32_t> &, int, const std::vector<StateCheckpoint> &)>;
+    int best(const std::vector<int32_t> & prompt, int & lcp, const Usable & usable = nullptr) const;
+    // Load entry i into both contexts (replacing seq 0); its tokens, drafter prefix and target
+    // checkpoints out. Throws Error(kErrInternal) when libllama refuses the state.
+    void restore(int i, llama_context * tgt, llama_context * dft, std::vector<int32_t> & tokens, int & n_dft_valid,
+                 std::vector<StateCheckpoint> * ckpts = nullptr);
 
     size_t bytes() const { return bytes_; }
     size_t budget() const { return budget_; }
@@ -40,7 +51,9 @@ class PromptCache {
     struct Entry {
         std::vector<int32_t> tokens;
         std::vector<uint8_t> tgt, dft;
+        std::vector<StateCheckpoint> ckpts;
         int n_dft_valid = 0;
+        size_t bytes() const;
         uint64_t used = 0;
     };
     void evict_to(size_t budget);

@@ -1,0 +1,196 @@
+"""Targets with a recurrent state or a sliding window: the driver stays exact on them.
+
+Tiny random targets of four architectures (``benchmarks/tiny_targets.py``: transformers models
+converted by llama.cpp's own converter at the pinned commit, cut to the 48-token test vocabulary,
+built once and cached):
+
+- ``qwen35`` (hybrid, Gated DeltaNet + attention): libllama rolls its state back natively
+  (``n_rs_seq`` snapshots);
+- ``qwen3next`` (hybrid) and ``mamba2`` (pure recurrent): no native rollback, so the driver copies
+  the recurrent state before each verify pass, restores it on a rejection and decodes the accepted
+  tokens again;
+- ``gemma3`` (sliding-window attention, window 8, shorter than every generation here): a plain KV
+  rollback, exact because a verify pass overwrites only cells already outside the window.
+
+A random drafter is rejected almost every cycle, so nearly every cycle rolls back. For each
+target: greedy output with a drafter equals the target alone (full block, and the adaptive
+default), also with penalties and a grammar; sampling keeps the target's distribution (chi-square,
+as tests/test_driver_lossless.py); a 3-turn chat through the prompt cache prefills only the new
+tokens and gives the text of a cold run. Negative control: with the rollback switched off (test
+hook) the greedy output is no longer the target's.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks/
+
+pytestmark = [pytest.mark.native]
+
+#: arch -> the rollback the driver must pick for it.
+ROLLBACK = {"qwen35": "native", "qwen3next": "checkpoint", "mamba2": "checkpoint", "gemma3": "kv"}
+ARCHS = list(ROLLBACK)
+PROMPTS = [[1, 5, 9, 14, 20, 7, 7, 33], [1, 40, 41, 42, 4, 4, 17], [1, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 12]]
+N_GEN = 160
+FAULT_NO_ROLLBACK = 4  # native/acceptance.h kFaultNoRollback
+
+
+@pytest.fixture(scope="session")
+def hybrid(tmp_path_factory):
+    """arch -> (target GGUF, random 1-layer DFlash 2 drafter GGUF, block 6, target layers 1 and 3)."""
+    from benchmarks.tiny_targets import tiny_target
+    from benchmarks.upstream import UpstreamUnavailable
+    from tiny_models import tiny_drafter
+
+    root = tmp_path_factory.mktemp("hybrid")
+    out = {}
+    for arch in ARCHS:
+        try:
+            t = tiny_target(arch)
+        except UpstreamUnavailable as e:  # the registry is unreachable: nothing to build them from
+            pytest.skip(str(e))
+        out[arch] = (t, tiny_drafter(root / arch, t, version=2, target_layer_ids=(0, 2), seed=3))
+    return out
+
+
+def _greedy(target, drafter, prompt, **kw):
+    from dflash2_gguf import DFlashDecoder, SamplingParams
+    from tiny_models import FLAT_COSTS
+
+    sp = kw.pop("sampling", SamplingParams(temperature=0.0))
+    opts = dict(n_ctx=512, n_threads=1)
+    if drafter is not None and kw.pop("flat", True):
+        opts["cost_model"] = FLAT_COSTS
+    with DFlashDecoder(target, drafter, **opts) as dec:
+        r = dec.generate(prompt, max_tokens=kw.pop("max_tokens", N_GEN), sampling=sp, ignore_eos=True, **kw)
+        return r, dec.rollback_mode
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_equals_target_alone(native_ext, hybrid, arch):
+    target, drafter = hybrid[arch]
+    for prompt in PROMPTS:
+        alone, mode0 = _greedy(target, None, prompt)
+        full, mode = _greedy(target, drafter, prompt, adaptive=False)
+        assert mode == ROLLBACK[arch] and full.stats.rollback == ROLLBACK[arch]
+        assert mode0 == ("checkpoint" if ROLLBACK[arch] == "native" else ROLLBACK[arch])  # no drafts: no snapshots
+        # the drafter ran every cycle and nearly every cycle rolled back
+        assert full.stats.n_drafted >= 4 * full.stats.n_cycles
+        assert full.stats.n_rollbacks >= full.stats.n_cycles // 2
+        if ROLLBACK[arch] == "checkpoint":
+            assert full.stats.n_redecoded >= full.stats.n_rollbacks
+        assert full.tokens == alone.tokens, (arch, prompt)
+        # the adaptive default (measured cost model) drafts fewer, still exact
+        adaptive, _ = _greedy(target, drafter, prompt, flat=False)
+        assert adaptive.tokens == alone.tokens, (arch, prompt)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_negative_control_without_rollback(native_ext, hybrid, arch):
+    """The greedy test fails with the rollback off: other tokens, or libllama refuses the next
+    batch (positions that no longer follow the memory's, as M-RoPE targets check)."""
+    from dflash2_gguf.errors import DecodeError
+
+    target, drafter = hybrid[arch]
+    differ = 0
+    for prompt in PROMPTS:
+        alone, _ = _greedy(target, None, prompt)
+        try:
+            broken, _ = _greedy(target, drafter, prompt, adaptive=False, _test_fault=FAULT_NO_ROLLBACK)
+            differ += broken.tokens != alone.tokens
+        except DecodeError:
+            differ += 1
+    assert differ == len(PROMPTS), f"{arch}: output unchanged with the rollback off in {len(PROMPTS) - differ} prompts"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_penalties_and_grammar_greedy(native_ext, hybrid, arch):
+    from dflash2_gguf import SamplingParams
+
+    from test_driver_lossless import GRAMMAR
+
+    target, drafter = hybrid[arch]
+    for params in (dict(presence_penalty=1.5, frequency_penalty=0.5, repeat_penalty=1.3), dict(grammar=GRAMMAR)):
+        sp = SamplingParams(temperature=0.0, **params)
+        alone, _ = _greedy(target, None, PROMPTS[0], sampling=sp, max_tokens=96)
+        spec, _ = _greedy(target, drafter, PROMPTS[0], sampling=sp, max_tokens=96, adaptive=False)
+        assert spec.stats.n_rollbacks > 0
+        assert spec.tokens == alone.tokens, (arch, params)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_sampling_lossless(native_ext, hybrid, arch):
+    from test_driver_lossless import _run, _sp
+
+    target, drafter = hybrid[arch]
+    pvals, accepted_first = _run(target, drafter, _sp())
+    print(arch, "p-values", pvals, "first draft accepted", accepted_first)
+    assert accepted_first > 0.02, accepted_first
+    assert min(pvals) > 1e-3, pvals
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prompt_cache_three_turns(native_ext, hybrid, arch):
+    """Turn t's prompt = turn t-1's prompt + its reply + a new message: the prefill covers only
+    the new tokens (and the last reply token, never decoded), the text equals a cold run."""
+    from dflash2_gguf import DFlashDecoder, SamplingParams
+    from tiny_models import FLAT_COSTS
+
+    target, drafter = hybrid[arch]
+    sp = SamplingParams(temperature=0.0)
+    new_msgs = [[1, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40], [44, 45, 46, 4, 5, 6, 7, 8, 9], [10, 11, 12, 13, 14, 15]]
+    with DFlashDecoder(target, drafter, n_ctx=512, n_threads=1, cost_model=FLAT_COSTS) as dec:
+        prompt: list = []
+        for turn, msg in enumerate(new_msgs):
+            held = len(prompt)
+            prompt = prompt + msg
+            warm = dec.generate(prompt, max_tokens=40, sampling=sp, ignore_eos=True, adaptive=False)
+            if turn > 0:
+                # all of the last turn is reused but its last reply token (not in the cache yet)
+                assert warm.stats.n_cached == held - 1, (arch, turn, warm.stats.n_cached, held)
+            with DFlashDecoder(target, drafter, n_ctx=512, n_threads=1, cost_model=FLAT_COSTS) as cold_dec:
+                cold = cold_dec.generate(prompt, max_tokens=40, sampling=sp, ignore_eos=True, adaptive=False)
+            assert cold.stats.n_cached == 0
+            assert warm.tokens == cold.tokens, (arch, turn)
+            prompt = prompt + warm.tokens
+        # a prompt that shares only part of the history goes back to a prompt checkpoint (or the
+        # start) and still matches a cold run
+        side = prompt[:20] + [t for t in (16, 17, 18) if t != prompt[20]][:2]
+        warm = dec.generate(side, max_tokens=40, sampling=sp, ignore_eos=True, adaptive=False)
+        assert warm.stats.n_cached <= 20
+        if ROLLBACK[arch] != "kv":
+            assert warm.stats.n_cached == len(new_msgs[0]) - 4  # the checkpoint 4 tokens before turn 1's end
+        with DFlashDecoder(target, drafter, n_ctx=512, n_threads=1, cost_model=FLAT_COSTS) as cold_dec:
+            cold = cold_dec.generate(side, max_tokens=40, sampling=sp, ignore_eos=True, adaptive=False)
+        assert warm.tokens == cold.tokens, arch
+
+
+def test_sliding_window_past_its_cache(native_ext, hybrid):
+    """gemma3 with window 8 and a 16-token batch: its sliding-window cache has 256 cells, so a
+    400-token generation overwrites cells; verify passes stay exact, and a later prompt that shares
+    only the first 20 tokens (their cells long overwritten) is not served from them."""
+    from dflash2_gguf import DFlashDecoder, SamplingParams
+    from tiny_models import FLAT_COSTS
+
+    target, drafter = hybrid["gemma3"]
+    sp = SamplingParams(temperature=0.0)
+    opts = dict(n_ctx=1024, n_batch=16, n_threads=1)
+    prompt = PROMPTS[2]
+    with DFlashDecoder(target, None, **opts) as alone:
+        base = alone.generate(prompt, max_tokens=400, sampling=sp, ignore_eos=True)
+    with DFlashDecoder(target, drafter, cost_model=FLAT_COSTS, **opts) as dec:
+        spec = dec.generate(prompt, max_tokens=400, sampling=sp, ignore_eos=True, adaptive=False)
+        assert spec.stats.rollback == "kv" and spec.stats.n_rollbacks > 100
+        assert spec.tokens == base.tokens
+        history = prompt + spec.tokens
+        side = history[:20] + [t for t in (16, 17) if t != history[20]][:1]
+        warm = dec.generate(side, max_tokens=60, sampling=sp, ignore_eos=True, adaptive=False)
+        # the prompt checkpoint 4 tokens before the first prompt's end is the only usable state
+        assert warm.stats.n_cached == len(prompt) - 4
+    with DFlashDecoder(target, drafter, cost_model=FLAT_COSTS, **opts) as cold_dec:
+        cold = cold_dec.generate(side, max_tokens=60, sampling=sp, ignore_eos=True, adaptive=False)
+    assert warm.tokens == cold.tokens
