@@ -210,7 +210,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"dflash2-gguf {args.command}: error: {e}", file=sys.stderr)
         if getattr(args, "json", None) is True:  # `generate --json`: one JSON object on stdout, failures too
             print(json.dumps({"error": {"message": str(e), "type": type(e).__name__}}))
-        return 1 if isinstance(e, RuntimeError) else 2
+        return 2 if isinstance(e, (FileNotFoundError, ValueError)) else 1
 
 
 if __name__ == "__main__":

@@ -252,19 +252,24 @@ def test_import_checks_the_pinned_libllama(native_ext, monkeypatch):
         loader.native()
 
 
-def test_recurrent_target_refused_with_drafter_runs_alone(native_ext, tiny_dir, tiny_drafters):
-    """A recurrent target (mamba) cannot drop rejected drafts from its state: a clear refusal
-    before any context exists; the same target alone still generates."""
-    from tiny_models import write_tiny_mamba
+def test_recurrent_target_with_drafter_rolls_back_by_checkpoint(native_ext, tiny_dir, tiny_drafters):
+    """A recurrent target (mamba, hand-written here; more archs in test_driver_hybrid.py) runs with
+    a drafter: its state is copied before each verify pass and restored on a rejection, so greedy
+    output equals the target alone."""
+    from tiny_models import FLAT_COSTS, write_tiny_mamba
 
-    from dflash2_gguf import DFlashDecoder, SamplingParams, UnsupportedError
+    from dflash2_gguf import DFlashDecoder, SamplingParams
 
     t = write_tiny_mamba(tiny_dir / "tiny_mamba.gguf")
-    with pytest.raises(UnsupportedError, match=r"'mamba' is recurrent/hybrid.*-md none"):
-        DFlashDecoder(t, tiny_drafters[2], n_ctx=64, n_threads=1)
-    with DFlashDecoder(t, None, n_ctx=64, n_threads=1) as dec:
-        r = dec.generate([1, 5, 6], max_tokens=4, sampling=SamplingParams.greedy_params(), ignore_eos=True)
-        assert len(r.tokens) == 4 and r.stats.n_drafted == 0
+    sp = SamplingParams.greedy_params()
+    with DFlashDecoder(t, None, n_ctx=128, n_threads=1) as dec:
+        alone = dec.generate([1, 5, 6], max_tokens=48, sampling=sp, ignore_eos=True)
+        assert alone.stats.n_drafted == 0
+    with DFlashDecoder(t, tiny_drafters[2], n_ctx=128, n_threads=1, cost_model=FLAT_COSTS) as dec:
+        assert dec.rollback_mode == "checkpoint"
+        r = dec.generate([1, 5, 6], max_tokens=48, sampling=sp, ignore_eos=True, adaptive=False)
+    assert r.stats.n_rollbacks > 0 and r.stats.rollback == "checkpoint"
+    assert r.tokens == alone.tokens
 
 
 def test_capture_path_decided_by_architecture(native_ext, tiny_dir, tiny_qwen2):
