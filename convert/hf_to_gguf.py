@@ -349,6 +349,14 @@ def convert_hf_to_gguf(src, target=None, outfile=None, outtype: str = "f16", for
         raise ConversionError(
             "mask_embedding.pt found: drafters that patch the target's token embeddings (MiMo) "
             "need the target's HF weights and are not supported; use upstream's converter")
+    # the output is checked before the target is fetched (a hub GGUF can be large)
+    out = Path(outfile).expanduser() if outfile is not None else _default_outfile(folder, hub_id, outtype)
+    if out.is_dir():
+        raise ConversionError(f"output {out} is a folder; pass a file path")
+    if out.exists() and not force:
+        raise ConversionError(f"output {out} exists; pass force=True (--force) to overwrite")
+    if not out.parent.is_dir():
+        raise ConversionError(f"output folder {out.parent} does not exist")
     choice = resolve_target(target, drafter_folder=folder, drafter_config=cfg.raw)
     tgt = load_target(choice.path)
     reasons = check_pairing(hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
@@ -361,14 +369,6 @@ def convert_hf_to_gguf(src, target=None, outfile=None, outtype: str = "f16", for
                        cfg.num_target_layers, tgt.n_layer)
     tokenizer = tgt.tokenizer_fields()
     plan = _plan_tensors(cfg, index_checkpoint(folder), matrix_type)
-
-    out = Path(outfile).expanduser() if outfile is not None else _default_outfile(folder, hub_id, outtype)
-    if out.is_dir():
-        raise ConversionError(f"output {out} is a folder; pass a file path")
-    if out.exists() and not force:
-        raise ConversionError(f"output {out} exists; pass force=True (--force) to overwrite")
-    if not out.parent.is_dir():
-        raise ConversionError(f"output folder {out.parent} does not exist")
 
     tmp_paths: list[Path] = []
     try:

@@ -337,8 +337,9 @@ def resolve_target(target: str | Path | None, *, drafter_folder: str | Path,
         drafter_config: Its parsed ``config.json``.
 
     Returns:
-        :class:`TargetChoice`; its :meth:`~TargetChoice.describe` line is logged on
-        ``convert.target`` (INFO), which the CLI prints.
+        :class:`TargetChoice`. Where the target was found rather than given as a local path,
+        its :meth:`~TargetChoice.describe` line is logged on ``convert.target`` (INFO), which
+        the CLI prints on stderr.
 
     Raises:
         ConversionError: nothing usable named, a local path that does not exist and is no hub id,
@@ -364,5 +365,8 @@ def resolve_target(target: str | Path | None, *, drafter_folder: str | Path,
         raise ConversionError(
             f"target {spec!r} is neither a GGUF file nor a folder with config.json (and not a hub "
             "id org/name or org/name:QUANT)")
-    report.info("%s", choice.describe())
+    if origin == "--target" and spec == str(choice.path):
+        logger.info("%s", choice.describe())  # the user's own file or folder: nothing to report
+    else:
+        report.info("%s", choice.describe())
     return choice
