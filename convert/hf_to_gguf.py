@@ -41,9 +41,9 @@ from gguf import LlamaFileType as FT
 
 from .config import DraftConfig, expected_shapes, parse_config
 from .errors import ConversionError
+from .hub import fetch_snapshot, is_hub_id, resolve_target
 from .names import ARCH, KEYS, TARGET_LAYER_OFFSET, TensorRule, map_tensor_name
 from .safetensors_io import TensorEntry, index_checkpoint, read_tensor
-from .hub import fetch_snapshot, is_hub_id, resolve_target
 from .target import KV, Target, check_pairing, load_target
 
 __all__ = ["convert_hf_to_gguf", "OUTTYPES", "plan_tensor_type"]

@@ -261,7 +261,7 @@ def _candidates(folder: Path, config: Mapping[str, Any]) -> tuple[list[tuple[str
     return strong, weak
 
 
-def _usable(name: str, folder: Path) -> bool:
+def _usable(name: str) -> bool:
     return is_hub_id(name) or parse_hub_gguf(name) is not None or Path(name).expanduser().exists()
 
 
@@ -286,7 +286,7 @@ def target_from_drafter(folder: str | Path, config: Mapping[str, Any]) -> tuple[
         usable = []
         for name, origin in group:
             seen.append((name, origin))
-            if _usable(name, folder):
+            if _usable(name):
                 usable.append((name, origin))
             else:
                 logger.info("%s = %r is neither a hub id nor a path here; skipped", origin, name)
