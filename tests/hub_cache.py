@@ -24,7 +24,8 @@ import random
 from pathlib import Path
 from typing import Mapping
 
-__all__ = ["add_repo", "train_sentencepiece", "sentencepiece_target", "bpe_target_files", "CHAT_TEMPLATE"]
+__all__ = ["add_repo", "train_sentencepiece", "sentencepiece_target", "bpe_target_files", "llama_hf_target",
+           "CHAT_TEMPLATE"]
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -148,5 +149,29 @@ def bpe_target_files(*, hidden: int = 288, n_layer: int = 4, arch: str = "Qwen3F
               "num_hidden_layers": n_layer, "vocab_size": n_vocab, "num_attention_heads": 4,
               "num_key_value_heads": 2, "intermediate_size": 2 * hidden, "max_position_embeddings": 2048,
               "rms_norm_eps": 1e-6, "rope_theta": 10000.0}
+    return {"config.json": json.dumps(config, indent=2) + "\n", "tokenizer.json": tok.to_str(),
+            "tokenizer_config.json": json.dumps(tcfg, indent=2) + "\n"}, n_vocab
+
+
+def llama_hf_target(*, arch: str = "LlamaForCausalLM", hidden: int = 288, n_layer: int = 4) -> tuple[dict[str, str], int]:
+    """Files of a tiny HF target whose tokenizer is a SentencePiece-converted ``tokenizer.json``
+    (BPE with byte fallback, ``▁`` spaces: the Llama 2 / Mistral / Gemma 4 kind that gguf-py's
+    ``LlamaHfVocab`` reads), no ``tokenizer.model``; and its vocab size (one padding id)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab.update((f"<0x{b:02X}>", 3 + b) for b in range(256))
+    for piece in ["\u2581", "t", "h", "e", "a", "r", "\u2581t", "th", "\u2581th", "\u2581the", "er"]:
+        vocab[piece] = len(vocab)
+    merges = [("t", "h"), ("\u2581", "t"), ("\u2581t", "h"), ("\u2581th", "e"), ("e", "r")]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<unk>", "<s>", "</s>", "<|im_end|>")])
+    n_vocab = tok.get_vocab_size() + 1
+    tcfg = {"tokenizer_class": "LlamaTokenizerFast", "add_bos_token": True, "bos_token": "<s>",
+            "eos_token": "</s>", "unk_token": "<unk>", "chat_template": CHAT_TEMPLATE}
+    config = {"architectures": [arch], "hidden_size": hidden, "num_hidden_layers": n_layer, "vocab_size": n_vocab}
     return {"config.json": json.dumps(config, indent=2) + "\n", "tokenizer.json": tok.to_str(),
             "tokenizer_config.json": json.dumps(tcfg, indent=2) + "\n"}, n_vocab
