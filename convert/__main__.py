@@ -12,6 +12,13 @@ from .errors import ConversionError
 OUTTYPE_CHOICES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k"]
 
 
+class _Stderr(logging.Handler):
+    """Plain message lines to whatever ``sys.stderr`` is at the time (tests swap it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(record.getMessage(), file=sys.stderr)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m convert",
                                  description="DFlash / DFlash 2 drafter -> llama.cpp dflash GGUF")
@@ -20,9 +27,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     c = sub.add_parser("hf-to-gguf", parents=[common],
                        help="convert an HF drafter checkpoint (folder or hub id)")
-    c.add_argument("src", help="checkpoint folder or Hugging Face hub id")
-    c.add_argument("--target", required=True, help="the target's GGUF, or its HF folder (config.json + a byte-level BPE tokenizer.json)")
-    c.add_argument("--outfile", default=None, help="output .gguf (default: <src>/<name>-<OUTTYPE>.gguf)")
+    c.add_argument("src", help="checkpoint folder or Hugging Face hub id (org/name)")
+    c.add_argument("--target", default=None,
+                   help="the target whose tokenizer the drafter gets: its GGUF, its HF folder (config.json + "
+                        "tokenizer files), a hub id org/name (only config and tokenizer fetched) or a hub "
+                        "GGUF org/name:QUANT (that file fetched). Default: the target the drafter names "
+                        "(config.json target_model..., model card base_model)")
+    c.add_argument("--outfile", default=None, help="output .gguf (default: <name>-<OUTTYPE>.gguf, e.g. Qwen3.8-27B-DFlash2-Q4_K_M.gguf, in the checkpoint folder, or in the current folder for a hub id)")
     c.add_argument("--outtype", default="f16", choices=OUTTYPE_CHOICES)
     c.add_argument("--force", action="store_true", help="overwrite an existing output")
     i = sub.add_parser("inspect", parents=[common], help="summarise a drafter GGUF")
@@ -36,6 +47,12 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    # the one line that says which target was used, always shown (stderr; stdout is the output path)
+    said = logging.getLogger("convert.target")
+    if not any(isinstance(h, _Stderr) for h in said.handlers):
+        said.addHandler(_Stderr())
+        said.setLevel(logging.INFO)
+        said.propagate = False
     try:
         if args.command == "hf-to-gguf":
             from . import convert_hf_to_gguf

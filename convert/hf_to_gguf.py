@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,7 @@ from gguf import LlamaFileType as FT
 
 from .config import DraftConfig, expected_shapes, parse_config
 from .errors import ConversionError
+from .hub import fetch_snapshot, is_hub_id, resolve_target
 from .names import ARCH, KEYS, TARGET_LAYER_OFFSET, TensorRule, map_tensor_name
 from .safetensors_io import TensorEntry, index_checkpoint, read_tensor
 from .target import KV, Target, check_pairing, load_target
@@ -61,9 +61,6 @@ OUTTYPES: dict[str, tuple[FT, QT, int | None]] = {
     "q5_k_m": (FT.MOSTLY_Q5_K_M, QT.F32, 17),   # LLAMA_FTYPE_MOSTLY_Q5_K_M
     "q6_k": (FT.MOSTLY_Q6_K, QT.F32, 18),       # LLAMA_FTYPE_MOSTLY_Q6_K
 }
-
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
-
 
 @dataclass(frozen=True)
 class _Planned:
@@ -118,18 +115,11 @@ def _resolve_source(src: str | Path) -> tuple[Path, str | None]:
     if p.exists():
         raise ConversionError(f"source {str(src)!r} is a file; pass the checkpoint folder")
     s = str(src)
-    if not _HUB_ID.match(s):
+    if not is_hub_id(s):
         raise ConversionError(f"source {s!r}: no such folder (and not a Hugging Face hub id)")
-    try:
-        from huggingface_hub import snapshot_download
-
-        folder = snapshot_download(repo_id=s, allow_patterns=["*.json", "*.safetensors", "*.md"])
-    except Exception as e:  # noqa: BLE001 - offline, 404, auth, network: all mean "cannot fetch"
-        raise ConversionError(
-            f"could not fetch {s!r} from the Hugging Face hub ({type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else ''}); download it yourself and pass the local "
-            "folder instead") from None
-    return Path(folder), s
+    folder = fetch_snapshot(s, ["*.json", "*.safetensors", "*.md"],
+                            fix="download it yourself and pass the local folder instead")
+    return folder, s
 
 
 def _plan_tensors(cfg: DraftConfig, entries: list[TensorEntry], matrix_type: QT) -> list[_Planned]:
@@ -313,7 +303,7 @@ def _k_quantize(src: Path, dst: Path, llama_ftype: int, plan: list[_Planned]) ->
         raise ConversionError(f"llama_model_quantize failed with code {rc}")
 
 
-def convert_hf_to_gguf(src, target, outfile=None, outtype: str = "f16", force: bool = False) -> Path:
+def convert_hf_to_gguf(src, target=None, outfile=None, outtype: str = "f16", force: bool = False) -> Path:
     """Convert a DFlash / DFlash 2 drafter checkpoint to a GGUF for llama.cpp's ``dflash`` arch.
 
     Args:
@@ -322,9 +312,12 @@ def convert_hf_to_gguf(src, target, outfile=None, outtype: str = "f16", force: b
             fetched with ``huggingface_hub.snapshot_download`` (honours ``HF_HUB_OFFLINE`` and
             the hub cache).
         target: The target's GGUF (sizes checked, whole tokenizer copied), or an HF target
-            folder (sizes from ``config.json``; a byte-level BPE ``tokenizer.json`` is turned
-            into GGUF tokenizer keys by :mod:`convert.hf_tokenizer`, any other tokenizer raises
-            a ConversionError asking for the GGUF).
+            folder (sizes from ``config.json``; tokenizer keys built as llama.cpp's converter
+            builds them for the target's architecture, :mod:`convert.target_vocab`), or a hub
+            id ``org/name`` (only config.json and tokenizer files fetched), or a hub GGUF
+            ``org/name:QUANT`` (that one file fetched). None: the target the drafter names in
+            its config.json or model card (``base_model``), fetched as a hub id. The choice is
+            logged on the ``convert.target`` logger (:mod:`convert.hub`).
         outfile: Output path; default ``<src>/<src name>-<OUTTYPE>.gguf`` (hub ids: current
             folder).
         outtype: ``f32``, ``f16``, ``bf16``, ``q8_0``, ``q4_0``, ``q4_k_m``, ``q5_k_m``, ``q6_k``.
@@ -339,7 +332,9 @@ def convert_hf_to_gguf(src, target, outfile=None, outtype: str = "f16", force: b
             unexpected or misshaped tensors (listed by name), truncated safetensors, drafter and
             target mismatch (hidden size, vocab, mask token, target layer ids beyond the
             target's depth), conv group size not dividing the hidden size, DFlash 2 hidden size
-            below ``top_k*(top_k+1)``, an existing output without ``force``, an unreachable hub.
+            below ``top_k*(top_k+1)``, an existing output without ``force``, an unreachable hub
+            (offline and not cached: the message names what to pass), a drafter that names no
+            target (or several) when ``target`` is None, a target tokenizer kind not built here.
 
     Upstream: ``conversion/qwen.py`` class ``DFlashModel`` (llama.cpp 0c1e570).
     """
@@ -354,18 +349,7 @@ def convert_hf_to_gguf(src, target, outfile=None, outtype: str = "f16", force: b
         raise ConversionError(
             "mask_embedding.pt found: drafters that patch the target's token embeddings (MiMo) "
             "need the target's HF weights and are not supported; use upstream's converter")
-    tgt = load_target(target)
-    reasons = check_pairing(hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
-                            target_layer_ids=cfg.target_layer_ids, mask_token_id=cfg.mask_token_id,
-                            target=tgt)
-    if reasons:
-        raise ConversionError(f"drafter does not fit target {tgt.path.name}: " + "; ".join(reasons))
-    if cfg.num_target_layers is not None and cfg.num_target_layers != tgt.n_layer:
-        logger.warning("config num_target_layers %d != target block count %d",
-                       cfg.num_target_layers, tgt.n_layer)
-    tokenizer = tgt.tokenizer_fields()
-    plan = _plan_tensors(cfg, index_checkpoint(folder), matrix_type)
-
+    # the output is checked before the target is fetched (a hub GGUF can be large)
     out = Path(outfile).expanduser() if outfile is not None else _default_outfile(folder, hub_id, outtype)
     if out.is_dir():
         raise ConversionError(f"output {out} is a folder; pass a file path")
@@ -373,6 +357,18 @@ def convert_hf_to_gguf(src, target, outfile=None, outtype: str = "f16", force: b
         raise ConversionError(f"output {out} exists; pass force=True (--force) to overwrite")
     if not out.parent.is_dir():
         raise ConversionError(f"output folder {out.parent} does not exist")
+    choice = resolve_target(target, drafter_folder=folder, drafter_config=cfg.raw)
+    tgt = load_target(choice.path)
+    reasons = check_pairing(hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
+                            target_layer_ids=cfg.target_layer_ids, mask_token_id=cfg.mask_token_id,
+                            target=tgt)
+    if reasons:
+        raise ConversionError(f"drafter does not fit target {choice.spec}: " + "; ".join(reasons))
+    if cfg.num_target_layers is not None and cfg.num_target_layers != tgt.n_layer:
+        logger.warning("config num_target_layers %d != target block count %d",
+                       cfg.num_target_layers, tgt.n_layer)
+    tokenizer = tgt.tokenizer_fields()
+    plan = _plan_tensors(cfg, index_checkpoint(folder), matrix_type)
 
     tmp_paths: list[Path] = []
     try:

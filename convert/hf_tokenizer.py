@@ -28,7 +28,8 @@ from typing import Any
 from .errors import ConversionError, read_json
 from .gguf_meta import KV
 
-__all__ = ["hf_tokenizer_fields", "pre_tokenizer_name", "KNOWN_PRE_TOKENIZERS"]
+__all__ = ["hf_tokenizer_fields", "add_gpt2_vocab", "pre_tokenizer_name", "looks_special",
+           "new_writer", "writer_fields", "KNOWN_PRE_TOKENIZERS"]
 
 # The split regexes, as the tokenizers' own tokenizer.json files spell them.
 _LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
@@ -113,15 +114,18 @@ def pre_tokenizer_name(tokenizer_json: dict, *, where: str = "tokenizer.json") -
     return name
 
 
-def _looks_special(token: str) -> bool:
-    # chat / control markers of the <|...|> and <｜...｜> kinds (upstream: does_token_look_special)
+def looks_special(token: str) -> bool:
+    """Upstream ``TextModel.does_token_look_special``: an added token that acts as a control mark
+    even where its tokenizer does not flag it special (``<|...|>``, ``<｜...｜>``, Gemma's
+    ``<unused...>``, ``<pad>``, ``<mask>``, ``<2mass>``, ``[@BOS@]``)."""
     return ((token.startswith("<|") and token.endswith("|>"))
             or (token.startswith("<\uff5c") and token.endswith("\uff5c>"))
+            or (token.startswith("<unused") and token.endswith(">"))
             or token in ("<pad>", "<mask>", "<2mass>", "[@BOS@]"))
 
 
 def hf_tokenizer_fields(folder: str | Path, n_vocab: int) -> list[KV]:
-    """Every ``tokenizer.*`` key (except the mask token id) for an HF target folder.
+    """Every ``tokenizer.*`` key (except the mask token id) for a byte-level BPE HF target folder.
 
     Args:
         folder: the target's HF folder (``tokenizer.json``, optionally ``tokenizer_config.json``
@@ -136,6 +140,40 @@ def hf_tokenizer_fields(folder: str | Path, n_vocab: int) -> list[KV]:
     Raises:
         ConversionError: no ``tokenizer.json``, a tokenizer that is not byte-level BPE, an
             unknown pre-tokenizer, token ids at or beyond ``n_vocab``, or no merges.
+    """
+    w = new_writer()
+    add_gpt2_vocab(w, folder, n_vocab)
+    return writer_fields(w)
+
+
+def new_writer():
+    """An in-memory ``gguf.GGUFWriter`` to collect keys in (read back with :func:`writer_fields`)."""
+    import gguf
+
+    return gguf.GGUFWriter(None, "dflash")
+
+
+def writer_fields(w) -> list[KV]:
+    """The ``tokenizer.*`` keys (but the mask token id) added to ``w``, in order, exact types."""
+    import gguf
+
+    mask = gguf.Keys.Tokenizer.MASK_ID
+    out = []
+    for k, v in w.kv_data[0].items():
+        if not k.startswith("tokenizer.") or k == mask:
+            continue
+        sub = v.sub_type
+        if v.type == gguf.GGUFValueType.ARRAY and sub is None:  # as GGUFWriter infers it on write
+            sub = gguf.GGUFValueType.get_type(v.value[0])
+        out.append(KV(k, v.value, v.type, sub))
+    return out
+
+
+def add_gpt2_vocab(w, folder: str | Path, n_vocab: int) -> None:
+    """Add a byte-level BPE ``tokenizer.json``'s keys to the ``gguf.GGUFWriter`` ``w``.
+
+    Upstream ``_set_vocab_gpt2`` (``get_vocab_base`` + ``SpecialVocab(load_merges=True)``).
+    Raises ConversionError as :func:`hf_tokenizer_fields` says.
     """
     import gguf
 
@@ -175,7 +213,7 @@ def hf_tokenizer_fields(folder: str | Path, n_vocab: int) -> list[KV]:
             tokens.append(f"[PAD{i}]")
             types.append(gguf.TokenType.UNUSED)
         elif i in added:
-            if added[i].get("special") or _looks_special(tok):
+            if added[i].get("special") or looks_special(tok):
                 types.append(gguf.TokenType.CONTROL)
             else:
                 tok = tok.replace("\u2581", " ")  # SentencePiece space mark in a user token
@@ -188,19 +226,8 @@ def hf_tokenizer_fields(folder: str | Path, n_vocab: int) -> list[KV]:
     special = gguf.SpecialVocab(folder, load_merges=True, n_vocab=n_vocab)
     if not special.merges:
         raise ConversionError(f"{path}: no BPE merges found; {fix}")
-    w = gguf.GGUFWriter(None, "dflash")
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types(types)
     special.add_to_gguf(w, quiet=True)
-    mask = gguf.Keys.Tokenizer.MASK_ID
-    out = []
-    for k, v in w.kv_data[0].items():
-        if not k.startswith("tokenizer.") or k == mask:
-            continue
-        sub = v.sub_type
-        if v.type == gguf.GGUFValueType.ARRAY and sub is None:  # as GGUFWriter infers it on write
-            sub = gguf.GGUFValueType.get_type(v.value[0])
-        out.append(KV(k, v.value, v.type, sub))
-    return out

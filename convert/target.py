@@ -2,9 +2,10 @@
 
 A target GGUF gives everything: ``{arch}.embedding_length``, ``{arch}.block_count``, the vocab
 (``tokenizer.ggml.tokens``) and every ``tokenizer.*`` key with its exact GGUF value type.
-An HF target folder gives the sizes from ``config.json`` and, for byte-level BPE tokenizers
-(Llama 3, Qwen2/3, SmolLM, GPT-2 kinds), the tokenizer keys built from ``tokenizer.json`` by
-:mod:`convert.hf_tokenizer`; other tokenizers need the target GGUF.
+An HF target folder gives the sizes from ``config.json`` and the tokenizer keys that llama.cpp's
+converter writes for its architecture (byte-level BPE ``tokenizer.json``, SentencePiece
+``tokenizer.model``, ...), built by :mod:`convert.target_vocab`; the few kinds it does not build
+(tiktoken through remote code, Mistral's tekken) need the target GGUF.
 """
 
 from __future__ import annotations
@@ -41,16 +42,17 @@ class Target:
         """The target's ``tokenizer.*`` keys (not its mask token id), in file order.
 
         A target GGUF's keys are copied verbatim (exact value types); an HF folder's are built
-        from its ``tokenizer.json`` (:func:`convert.hf_tokenizer.hf_tokenizer_fields`), once.
+        by its architecture's vocab handler (:func:`convert.target_vocab.target_vocab_fields`),
+        once.
 
         Raises:
-            ConversionError: an HF folder whose tokenizer is not byte-level BPE with a known
-                pre-tokenizer (the message says to pass the target GGUF instead).
+            ConversionError: an HF folder whose tokenizer kind is not built here, or whose files
+                are missing or malformed (the message says to pass the target GGUF instead).
         """
         if self._tokenizer is None:
-            from .hf_tokenizer import hf_tokenizer_fields
+            from .target_vocab import target_vocab_fields
 
-            self._tokenizer = hf_tokenizer_fields(self.path, self.n_vocab)
+            self._tokenizer = target_vocab_fields(self.path, self.n_vocab, self.arch)
         return self._tokenizer
 
 

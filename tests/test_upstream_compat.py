@@ -208,3 +208,44 @@ def _assert_same_file(ours_path: Path, theirs_path: Path, label: str,
     assert not bad, "tensors differ:\n  " + "\n  ".join(bad)
     if [t.name for t in ours_r.tensors] != [t.name for t in theirs_r.tensors]:
         print(f"[{label}] tensor order differs (same set)")
+
+
+#: Target architectures whose upstream vocab handler reads a SentencePiece ``tokenizer.model``
+#: (conversion/llama.py LlamaModel, qwen.py Qwen2Model, gemma.py GemmaModel .. Gemma3Model).
+SPM_ARCHS = ("LlamaForCausalLM", "Qwen2ForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
+             "Gemma3ForCausalLM")
+
+
+@pytest.mark.parametrize("arch", SPM_ARCHS + ("LlamaForCausalLM+tokenizer.json", "Gemma4ForCausalLM+tokenizer.json"))
+def test_sentencepiece_target_matches_upstream(arch, upstream_dir, tmp_path):
+    """An HF target folder with a SentencePiece ``tokenizer.model`` (trained in-test, byte fallback,
+    added tokens past the model's pieces, padding): both converters write identical files,
+    ``tokenizer.*`` included (ours: :mod:`convert.target_vocab`; upstream: the target class's
+    ``set_vocab``, reached through ``DFlashModel.set_vocab``). ``ARCH+tokenizer.json``: a
+    SentencePiece-converted ``tokenizer.json`` and no ``tokenizer.model`` (gguf-py's
+    ``LlamaHfVocab``: Llama 2 / Mistral-style releases, Gemma 4)."""
+    pytest.importorskip("sentencepiece")
+    from hub_cache import llama_hf_target, sentencepiece_target
+
+    if arch.endswith("+tokenizer.json"):
+        pytest.importorskip("transformers")
+        files, n_vocab = llama_hf_target(arch=arch.split("+")[0], hidden=288, n_layer=4)
+    else:
+        files, n_vocab = sentencepiece_target(arch=arch, hidden=288, n_layer=4)
+    target = tmp_path / "target"
+    target.mkdir()
+    for name, data in files.items():
+        (target / name).write_bytes(data if isinstance(data, bytes) else data.encode())
+    src = make_dflash_checkpoint(tmp_path / "ck", version=2, hidden_size=288, intermediate_size=576, num_layers=1,
+                                 num_heads=4, num_kv_heads=2, head_dim=72, vocab_size=n_vocab,
+                                 target_layer_ids=(0, 2), num_target_layers=4, mask_token_id=2,
+                                 dtype="float32", selector_rank=32)
+    theirs_path = up.run_upstream_converter(src, target, tmp_path / "upstream.gguf", outtype="f16", timeout=600)
+    ours_path = convert_hf_to_gguf(src, target, outfile=tmp_path / "ours.gguf", outtype="f16")
+    _assert_same_file(ours_path, theirs_path, f"spm-{arch}", frozenset())
+    tok = _fields(GGUFReader(ours_path))
+    model = "gemma4" if arch.startswith("Gemma4") else "llama"
+    # LlamaHfVocab lists the tokenizer's own ids only (no padding up to vocab_size), upstream too
+    n_tokens = n_vocab - 1 if arch.endswith("+tokenizer.json") else n_vocab
+    assert tok["tokenizer.ggml.model"][1] == model
+    assert len(tok["tokenizer.ggml.scores"][1]) == len(tok["tokenizer.ggml.tokens"][1]) == n_tokens

@@ -60,7 +60,7 @@ def _add_tiny_vocab(w: gguf.GGUFWriter) -> None:
 def write_tiny_target(path: str | Path, *, arch: str = "llama", hidden: int = 288, n_layer: int = 4,
                       n_head: int = 4, n_head_kv: int = 2, n_ff: int = 576, seed: int = 0,
                       logit_std: float = 1.5, peak: float = 0.0, peak_token: int = 7,
-                      weights: str = "f32") -> Path:
+                      weights: str = "f32", vocab=None) -> Path:
     """Write a tiny random target GGUF (F32, or Q4_1 matmul weights) and return its path.
 
     Args:
@@ -78,13 +78,16 @@ def write_tiny_target(path: str | Path, *, arch: str = "llama", hidden: int = 28
             CPUs whose F32 matmul takes another kernel for one row than for several (seen on
             AVX-512 machines: logits ~1e-3 apart), only a quantized target gives one-token and
             batched passes bit-identical logits, which greedy equality tests need.
+        vocab: None for :data:`TINY_VOCAB`, or the ``tokenizer.*`` keys to write instead (a list
+            of ``convert.gguf_meta.KV``, e.g. from ``convert.target_vocab.target_vocab_fields``);
+            the vocab size is then the length of its ``tokenizer.ggml.tokens``.
     """
     if weights not in ("f32", "q4_1"):
         raise ValueError(f"weights must be 'f32' or 'q4_1', not {weights!r}")
     path = Path(path)
     rng = np.random.default_rng(seed)
     hd = hidden // n_head
-    V = len(TINY_VOCAB)
+    V = len(TINY_VOCAB) if vocab is None else len(next(kv.value for kv in vocab if kv.name == "tokenizer.ggml.tokens"))
 
     def mat(out_f: int, in_f: int, std: float | None = None) -> np.ndarray:
         s = (1.0 / np.sqrt(in_f)) if std is None else std
@@ -108,7 +111,12 @@ def write_tiny_target(path: str | Path, *, arch: str = "llama", hidden: int = 28
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_dimension_count(hd)
-    _add_tiny_vocab(w)
+    if vocab is None:
+        _add_tiny_vocab(w)
+    else:
+        w.add_file_type(gguf.LlamaFileType.ALL_F32)
+        for kv in vocab:
+            w.add_key_value(kv.name, kv.value, kv.vtype, kv.sub_type)
 
     emb = rng.standard_normal((V, hidden)).astype(np.float32)
     out = mat(V, hidden, logit_std / np.sqrt(hidden))
