@@ -52,7 +52,7 @@ if str(REPO) not in sys.path:
 
 from benchmarks import upstream as up  # noqa: E402
 
-#: Qwen3.8-27B-DFlash2's sizes (DESIGN.md section 5), as make_dflash_checkpoint keywords.
+#: Qwen3.8-27B-DFlash2's sizes (the config.json of incoai/Qwen3.8-27B-DFlash2), as make_dflash_checkpoint keywords.
 SHAPES = dict(
     version=2, hidden_size=5120, intermediate_size=17408, num_layers=5, num_heads=32,
     num_kv_heads=8, head_dim=128, vocab_size=248320, target_layer_ids=(5, 19, 33, 47, 61),

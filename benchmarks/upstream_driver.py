@@ -51,7 +51,7 @@ __all__ = [
 #: The upstream targets built (and nothing else): the ones ``dflash2-gguf bench --upstream`` runs.
 TOOLS = UPSTREAM_TOOLS
 
-#: CMake options of the build (the brief of DESIGN.md section 8: no network at build time).
+#: CMake options of the build: nothing is fetched at build time (no curl / OpenSSL, no prebuilt web UI).
 CMAKE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DLLAMA_CURL=OFF",

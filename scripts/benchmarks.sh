@@ -14,7 +14,7 @@
 # --spec-draft-adaptive, default off: the summary measures the drafter itself, every pass verifying
 # the whole block; the sweep section has the adaptive policy). A run whose bench.json exists is kept
 # (delete RUNS/<set>-t<T>/ to redo it), so an interrupted script resumes.
-# MBPP is read from ../shared/data/mbpp.jsonl or $DFLASH2_GGUF_MBPP (ASSETS.md).
+# MBPP is shipped in the package (dflash2_gguf/data/mbpp.jsonl.gz; $DFLASH2_GGUF_MBPP reads another copy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # OpenMP's default wait policy, as a user gets it: threads spin at barriers, which is right on an

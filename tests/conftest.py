@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 # Two cores and OpenMP spin barriers: a busy neighbour turns a 1 ms decode into 250 ms
-# (DESIGN.md section 7). Must be set before libllama / libgomp load.
+# (measured on a 2-core machine). Must be set before libllama / libgomp load.
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import pytest  # noqa: E402

@@ -4,10 +4,13 @@ a random DFlash 2 drafter."""
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
 import math
 import random
 import sys
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -18,12 +21,17 @@ from dflash2_gguf import bench
 MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 
 
-def _mbpp_path() -> Path:
-    for cand in (Path(__file__).resolve().parents[2] / "shared" / "data" / "mbpp.jsonl",
-                 Path("/work/shared/data/mbpp.jsonl")):
-        if cand.is_file():
-            return cand
-    pytest.skip("../shared/data/mbpp.jsonl is not at hand")
+#: sha256 of MBPP's mbpp.jsonl (974 tasks), the file shipped gzip-compressed in dflash2_gguf/data/.
+MBPP_SHA256 = "143559fa164408d45cab058238471288b0e447507ce55db3057c56113d9dccb4"
+
+
+def _mbpp_path(tmp_path: Path) -> Path:
+    """The shipped MBPP, decompressed to a plain .jsonl under ``tmp_path`` (checked by its sha256)."""
+    data = gzip.decompress(resources.files("dflash2_gguf").joinpath("data", "mbpp.jsonl.gz").read_bytes())
+    assert hashlib.sha256(data).hexdigest() == MBPP_SHA256
+    path = tmp_path / "mbpp.jsonl"
+    path.write_bytes(data)
+    return path
 
 
 # ---------------------------------------------------------------------------- datasets
@@ -56,16 +64,19 @@ def test_seeded_pick_matches_the_authors_shuffle():
 
 
 def test_mbpp_by_name_and_by_path(tmp_path, monkeypatch):
-    path = _mbpp_path()
+    monkeypatch.delenv("DFLASH2_GGUF_MBPP", raising=False)
+    path = _mbpp_path(tmp_path)
     rows = bench.load_rows(str(path))
-    assert len(rows) == 974
+    assert len(rows) == 974 and [r["task_id"] for r in rows] == list(range(1, 975))
+    assert bench.load_rows("mbpp") == rows  # the shipped copy, no file outside the package
     by_path = bench.load_prompts(str(path), 4)
     assert all(len(t) == 1 and isinstance(t[0], str) and t[0] for t in by_path)
     # the task text as is, no template
     order = list(range(len(rows)))
     random.Random(42).shuffle(order)
     assert by_path == [[rows[i]["text"]] for i in order[:4]]
-    monkeypatch.setenv("DFLASH2_GGUF_MBPP", str(path))
+    assert bench.load_prompts("mbpp", 4) == by_path
+    monkeypatch.setenv("DFLASH2_GGUF_MBPP", str(path))  # another copy, read instead of the shipped one
     assert bench.load_prompts("mbpp", 4) == by_path
     # a sanitized-style file ("prompt" field) and a generic file with "turns"
     (tmp_path / "mbpp_sanitized.jsonl").write_text(json.dumps({"prompt": "Write f.", "text": "x"}) + "\n")

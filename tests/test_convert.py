@@ -92,7 +92,8 @@ def _source_tensors(folder: Path) -> dict[str, np.ndarray]:
     return out
 
 
-# HF name -> GGUF name, written independently of convert/names.py (DESIGN.md section 4).
+# HF name -> GGUF name, written independently of convert/names.py (from upstream llama.cpp 0c1e570's
+# gguf-py/gguf/constants.py and tensor_mapping.py, MODEL_ARCH.DFLASH).
 def _gguf_name(hf: str) -> str:
     fixed = {
         "fc.weight": "fc.weight",

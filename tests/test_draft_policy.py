@@ -17,7 +17,7 @@ import pytest
 
 pytestmark = pytest.mark.native
 
-# This 2-core CPU, SmolLM2-135M Q4_1 (DESIGN.md section 9: a target pass over r rows in units of
+# This 2-core CPU, SmolLM2-135M Q4_1 (bench's cost model there: a target pass over r rows in units of
 # one row, r = 1..8), one decode = 12 ms; the drafter pass ~0.5 decode.
 CPU_ROWS = [1.0, 1.86, 2.71, 3.26, 4.09, 4.9, 5.8, 6.70]
 # Per-position conditional acceptance of the shipped drafter on GSM8K test prompts (tau 3.00 with

@@ -12,7 +12,7 @@ converted from), fed the same features, the target's token embeddings and output
   predecessor slot ``a`` and candidate ``b`` after aligning both by token id, same tolerance;
 - the greedy path (v2: lattice walk vs ``propose(temperature=0)``; v1: argmax of rows 1..).
 
-DESIGN.md section 8: each wrong convention (no k_norm on context keys, positions off by one,
+Measured when these tests were written: each wrong convention (no k_norm on context keys, positions off by one,
 causal block, conv wrapping at row 0, HF id without +1) moves these by 0.2 to 7.
 """
 

@@ -97,3 +97,26 @@ def test_nothing_imports_cli_benchmarks_or_scripts():
                     and node.value.id == "sys"):
                 offenders.append(f"{module} touches sys.path (line {node.lineno})")
     assert not offenders, offenders
+
+
+def test_windows_adds_llama_cpp_lib_to_the_dll_search_path(tmp_path, monkeypatch):
+    """Windows has no rpath: the loader adds llama-cpp-python's llama_cpp/lib to the DLL search
+    path (once) before the extension is imported; on Linux and macOS it adds nothing."""
+    import os
+    import types
+
+    from dflash2_gguf import _native_loader as loader
+
+    (tmp_path / "llama_cpp" / "lib").mkdir(parents=True)
+    fake = types.ModuleType("llama_cpp")
+    fake.__file__ = str(tmp_path / "llama_cpp" / "__init__.py")
+    added = []
+    monkeypatch.setattr(os, "add_dll_directory", lambda p: added.append(p) or object(), raising=False)
+    monkeypatch.setattr(loader, "_dll_dir", None)
+    monkeypatch.setattr(loader.sys, "platform", "linux")
+    loader._add_llama_dll_directory(fake)
+    assert added == []
+    monkeypatch.setattr(loader.sys, "platform", "win32")
+    loader._add_llama_dll_directory(fake)
+    loader._add_llama_dll_directory(fake)
+    assert added == [str((tmp_path / "llama_cpp" / "lib").resolve())]

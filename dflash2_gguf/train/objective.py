@@ -335,8 +335,8 @@ def walk_step_anchors(model: DFlash2Drafter, batch: Batch, n_anchors: int, share
     """Training anchors, ``share`` of them where a T = 0 decode would start its next pass.
 
     A decode's passes start right after a rejected draft (:func:`walk_acceptance`), not uniformly:
-    on the fourth sitting's drafter and held-out math, uniform anchors accept 2.90 tokens per
-    pass, a decode's anchors 2.64 (docs/TRAINING.md, "Fifth sitting"). Here
+    on the SmolLM2 drafter of stage 3 and held-out math, uniform anchors accept 2.90 tokens per
+    pass, a decode's anchors 2.64 (docs/TRAINING.md, "4. Evaluate"). Here
     ``round(share * n_anchors)`` uniform anchors ``a`` are drafted with the current weights (no
     gradient) and replaced by ``a + tau(a)`` (one pass of the walk from ``a``); the other slots
     are uniform anchors. Landings past the last labelled row, or on a row already taken, are
@@ -344,8 +344,8 @@ def walk_step_anchors(model: DFlash2Drafter, batch: Batch, n_anchors: int, share
 
     Returns (anchors int64 [B, A] sorted per row, valid bool [B, A]) like :func:`sample_anchors`;
     ``share`` 0 returns exactly :func:`sample_anchors`' draw. Raises ValueError for a share
-    outside [0, 1]. Measured at share 0.5 (fifth sitting): the uniform-anchor tau rose, the
-    decode walk's did not, at ~45% more time per training step.
+    outside [0, 1]. Measured at share 0.5 (docs/TRAINING.md, "What moved acceptance"): the
+    uniform-anchor tau rose, the decode walk's did not, at ~45% more time per training step.
     """
     if not 0.0 <= share <= 1.0:
         raise ValueError(f"walk anchor share must be in [0, 1], got {share}")
