@@ -11,16 +11,18 @@ equality tests need; see ``tests/tiny_models.py``). The output head is scaled so
 a std of about ``logit_std`` (a random model's are nearly flat, and near-ties make greedy texts
 part on rounding).
 
-The conversion needs the SmolLM2 tokenizer (its HF folder is rebuilt from the pinned SmolLM2 GGUF
-by :func:`benchmarks.upstream.hf_target_from_gguf`) only so that the converter accepts the folder;
-that vocabulary is replaced afterwards.
+The conversion uses the SmolLM2 tokenizer (its HF folder is rebuilt from the pinned SmolLM2 GGUF
+by :func:`benchmarks.upstream.hf_target_from_gguf`). ``vocab="full"`` keeps it (49,152 tokens and
+SmolLM2's chat template: text prompts, ``bench`` and the server work on such a target); the default
+``"tiny"`` replaces it as above (fast tests over a small vocabulary).
 
 Architectures (:data:`ARCHS`): ``qwen35`` (hybrid: Gated DeltaNet + attention; libllama rolls its
 recurrent state back natively), ``qwen3next`` (hybrid without native rollback), ``mamba2`` (pure
 recurrent), ``gemma3`` (sliding-window attention, window 8), ``lfm2`` (hybrid, native rollback).
 
-``python -m benchmarks.tiny_targets qwen35 out.gguf`` writes one (cached under
-``<cache>/tiny-targets/``).
+``python -m benchmarks.tiny_targets qwen35 out.gguf [--vocab full] [--drafter drafter.gguf]``
+writes one (cached under ``<cache>/tiny-targets/``) and, with ``--drafter``, a random DFlash 2
+drafter for it (1 layer, block 6, target layers 1 and 3, converted by this project's converter).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import numpy as np
 from benchmarks.upstream import fetch_upstream, hf_target_from_gguf, upstream_env
 from dflash2_gguf.assets import cache_dir
 
-__all__ = ["ARCHS", "HIDDEN", "tiny_target", "main"]
+__all__ = ["ARCHS", "HIDDEN", "tiny_target", "random_drafter", "main"]
 
 #: Hidden size of every tiny target: a DFlash 2 drafter needs hidden >= top_k * (top_k + 1).
 HIDDEN = 288
@@ -149,20 +151,27 @@ def _convert(src: Path, out: Path, extra: tuple[str, ...] = ()) -> None:
                            f"{(proc.stdout + proc.stderr)[-4000:]}")
 
 
-def _shrink(src: Path, out: Path, logit_std: float) -> None:
-    """Copy ``src`` with the tiny vocabulary, 48-row embeddings / head and Q8_0 matmul weights."""
+def _tests_path() -> None:
+    tests = str(Path(__file__).resolve().parents[1] / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+
+
+def _shrink(src: Path, out: Path, logit_std: float, tiny_vocab: bool) -> None:
+    """Copy ``src`` with Q8_0 matmul weights and a rescaled head; with ``tiny_vocab``, the tiny
+    vocabulary and 48-row embeddings / head."""
     import gguf
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    _tests_path()
     from tiny_models import TINY_VOCAB, _add_tiny_vocab  # noqa: E402  (the test suite's vocabulary)
 
-    n_vocab = len(TINY_VOCAB)
     r = gguf.GGUFReader(src)
+    n_vocab = len(TINY_VOCAB) if tiny_vocab else None
     arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
     w = gguf.GGUFWriter(out, arch)
     skip = ("general.architecture", "general.file_type", "GGUF.")
     for name, f in r.fields.items():
-        if name.startswith("tokenizer.") or name.startswith(skip):
+        if (tiny_vocab and name.startswith("tokenizer.")) or name.startswith(skip):
             continue
         vt = f.types[0]
         if vt == gguf.GGUFValueType.ARRAY:
@@ -176,16 +185,14 @@ def _shrink(src: Path, out: Path, logit_std: float) -> None:
             w.add_key_value(name, bytes(f.parts[-1]).decode(), vt)
         else:
             w.add_key_value(name, f.parts[-1].tolist()[0], vt)
-    if f"{arch}.vocab_size" in r.fields:
-        pass  # (copied above; libllama takes the vocabulary size from the token list)
-    _add_tiny_vocab(w)
+    if tiny_vocab:
+        _add_tiny_vocab(w)
+    else:
+        w.add_file_type(gguf.LlamaFileType.ALL_F32)
     for t in r.tensors:
         data = np.array(t.data, dtype=np.float32)
-        if t.name in ("token_embd.weight", "output.weight"):
+        if tiny_vocab and t.name in ("token_embd.weight", "output.weight"):
             data = data[:n_vocab].copy()
-        if t.name == "output.weight" or (t.name == "token_embd.weight" and "output.weight" not in
-                                          {x.name for x in r.tensors}):
-            pass
         if t.name == "output.weight":
             data *= logit_std / max(float(np.std(data)) * np.sqrt(data.shape[1]), 1e-12)
         quant = data.ndim == 2 and data.shape[1] % 32 == 0 and (
@@ -202,7 +209,7 @@ def _shrink(src: Path, out: Path, logit_std: float) -> None:
 
 
 def tiny_target(arch: str, *, seed: int = 0, init_std: float = 0.1, logit_std: float = 3.0,
-                dest: str | Path | None = None) -> Path:
+                vocab: str = "tiny", dest: str | Path | None = None) -> Path:
     """Return a tiny random ``arch`` target GGUF (built once, cached).
 
     Args:
@@ -210,20 +217,24 @@ def tiny_target(arch: str, *, seed: int = 0, init_std: float = 0.1, logit_std: f
         seed: torch seed of the random weights.
         init_std: transformers ``initializer_range`` (the std of the random matrices).
         logit_std: Approximate std of the output logits after the head is rescaled.
+        vocab: ``"tiny"``: the 48-token ``TINY_VOCAB`` of ``tests/tiny_models.py``; ``"full"``:
+            the SmolLM2 tokenizer (49,152 tokens, ChatML template).
         dest: Where to copy the file (default: the cached path itself).
 
     Returns:
-        Path of a GGUF with the 48-token ``TINY_VOCAB`` of ``tests/tiny_models.py``, hidden
-        :data:`HIDDEN`, 4 layers.
+        Path of a GGUF of hidden :data:`HIDDEN`, 4 layers.
 
     Raises:
         KeyError: Unknown ``arch``.
+        ValueError: Unknown ``vocab``.
         RuntimeError: llama.cpp's converter failed (the message has its output).
         benchmarks.upstream.UpstreamUnavailable: The pinned converter could not be fetched.
     """
     if arch not in ARCHS:
         raise KeyError(f"unknown tiny target arch {arch!r}; one of {', '.join(ARCHS)}")
-    key = f"{arch}-s{seed}-i{init_std}-l{logit_std}-v{_VERSION}"
+    if vocab not in ("tiny", "full"):
+        raise ValueError(f"vocab must be 'tiny' or 'full', not {vocab!r}")
+    key = f"{arch}-{vocab}-s{seed}-i{init_std}-l{logit_std}-v{_VERSION}"
     root = cache_dir() / "tiny-targets"
     path = root / f"{key}.gguf"
     if not path.is_file():
@@ -232,12 +243,35 @@ def tiny_target(arch: str, *, seed: int = 0, init_std: float = 0.1, logit_std: f
             tmp_path = Path(tmp)
             _build_hf(arch, tmp_path / "hf", seed, init_std)
             _convert(tmp_path / "hf", tmp_path / "full.gguf", ("--no-mtp",) if arch in ("qwen35", "qwen3next") else ())
-            _shrink(tmp_path / "full.gguf", tmp_path / "tiny.gguf", logit_std)
+            _shrink(tmp_path / "full.gguf", tmp_path / "tiny.gguf", logit_std, vocab == "tiny")
             os.replace(tmp_path / "tiny.gguf", path)
     if dest is not None:
         shutil.copyfile(path, dest)
         return Path(dest)
     return path
+
+
+def random_drafter(target: str | Path, out: str | Path, *, seed: int = 3, block_size: int = 6) -> Path:
+    """A random 1-layer DFlash 2 drafter (authors' format, converted with this project's converter)
+    for a tiny target: hidden :data:`HIDDEN`, target layers 1 and 3 (HF ids 0 and 2), the
+    target's vocabulary size. Returns ``Path(out)``."""
+    import gguf
+
+    _tests_path()
+    from checkpoints import make_dflash_checkpoint  # noqa: E402
+
+    from convert import convert_hf_to_gguf
+
+    r = gguf.GGUFReader(target)
+    n_vocab = len(r.fields["tokenizer.ggml.tokens"].data)
+    out = Path(out)
+    with tempfile.TemporaryDirectory(prefix="tiny-drafter-") as tmp:
+        ck = make_dflash_checkpoint(
+            Path(tmp) / "hf", version=2, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_layers=1,
+            num_heads=4, num_kv_heads=2, head_dim=HIDDEN // 4, vocab_size=n_vocab, target_layer_ids=(0, 2),
+            num_target_layers=4, block_size=block_size, mask_token_id=3, dtype="float32", seed=seed,
+            selector_rank=32, selector_top_k=16)
+        return convert_hf_to_gguf(ck, target, out, outtype="f32", force=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,8 +280,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("arch", choices=sorted(ARCHS))
     p.add_argument("out", nargs="?", help="copy the GGUF here (default: print the cached path)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vocab", choices=("tiny", "full"), default="tiny",
+                   help="tiny: 48 tokens (tests); full: SmolLM2's tokenizer, for text prompts")
+    p.add_argument("--drafter", metavar="GGUF", help="also write a random DFlash 2 drafter for it here")
     a = p.parse_args(argv)
-    print(tiny_target(a.arch, seed=a.seed, dest=a.out))
+    t = tiny_target(a.arch, seed=a.seed, vocab=a.vocab, dest=a.out)
+    print(t)
+    if a.drafter:
+        print(random_drafter(t, a.drafter))
     return 0
 
 

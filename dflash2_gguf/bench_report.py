@@ -32,7 +32,7 @@ def markdown_table(report: dict) -> str:
         "",
         f"target `{Path(c['target']).name}`, drafter `{Path(c['drafter']).name}` (DFlash {c['drafter_version']}, "
         f"block {c['block_size']}, n_max {c['n_draft_max']}), threads {c['threads'] or 'all'}, "
-        f"capture {c['capture_path']}, flash attention {fa_word[c.get('flash_attn')]}, "
+        f"capture {c['capture_path']}, rollback {c.get('rollback', 'kv')}, flash attention {fa_word[c.get('flash_attn')]}, "
         f"repack {'on' if c.get('repack', True) else 'off'}",
         "",
         "| run | tokens | tokens/s | decode tokens/s | speedup | tau | T=0 mismatches |",

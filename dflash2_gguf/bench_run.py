@@ -152,7 +152,7 @@ def run_bench(
                       max_new_tokens=max_new_tokens, temperature=float(temperature), seed=seed,
                       n_draft_max=nmax, block_size=block, drafter_version=dec.drafter_version,
                       threads=n_threads, n_ctx=n_ctx, capture_path=dec.capture_path,
-                      prompt_pick="random.Random(42).shuffle", warmup=warmup,
+                      rollback=dec.rollback_mode, prompt_pick="random.Random(42).shuffle", warmup=warmup,
                       flash_attn=kw.get("flash_attn"), repack=kw.get("repack", True), adaptive=adaptive,
                       cost_model=dec.cost_model)
     if not requests:

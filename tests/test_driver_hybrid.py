@@ -194,3 +194,61 @@ def test_sliding_window_past_its_cache(native_ext, hybrid):
     with DFlashDecoder(target, drafter, cost_model=FLAT_COSTS, **opts) as cold_dec:
         cold = cold_dec.generate(side, max_tokens=60, sampling=sp, ignore_eos=True, adaptive=False)
     assert warm.tokens == cold.tokens
+
+
+@pytest.fixture(scope="module")
+def qwen35_text(tmp_path_factory):
+    """The tiny qwen35 target with SmolLM2's tokenizer and chat template (text prompts) and a
+    random drafter for it."""
+    from benchmarks.tiny_targets import random_drafter, tiny_target
+    from benchmarks.upstream import UpstreamUnavailable
+
+    try:
+        t = tiny_target("qwen35", vocab="full")
+    except UpstreamUnavailable as e:
+        pytest.skip(str(e))
+    return t, random_drafter(t, tmp_path_factory.mktemp("q35text") / "drafter.gguf")
+
+
+def test_generate_serve_bench_on_qwen35(native_ext, qwen35_text, tmp_path, capsys):
+    """The user's three entry points on a hybrid target with a drafter give the target's text at
+    T = 0: `dflash2-gguf generate --json`, a chat request to `serve`, and `bench` (0 mismatches)."""
+    import json
+
+    httpx = pytest.importorskip("httpx")
+
+    from dflash2_gguf import DFlashDecoder
+    from dflash2_gguf.cli import main
+
+    target, drafter = qwen35_text
+    out = {}
+    for md in ("none", str(drafter)):
+        assert main(["generate", "-m", str(target), "-md", md, "-p", "Hello, how are", "-n", "48", "--temp", "0",
+                     "--ignore-eos", "-t", "1", "--json", "--spec-draft-adaptive", "off"]) == 0
+        out[md] = json.loads(capsys.readouterr().out)
+    assert out[str(drafter)]["rollback"] == "native" and out[str(drafter)]["n_rollbacks"] > 0
+    assert out[str(drafter)]["tokens"] == out["none"]["tokens"]
+
+    from test_server import LiveServer
+
+    from dflash2_gguf.server.app import ServerSettings
+
+    chat = [{"role": "user", "content": "Name three colours."}]
+    with DFlashDecoder(str(target), None, n_ctx=512, n_threads=1) as dec:
+        ref = dec.generate(messages=chat, max_tokens=40, temperature=0, ignore_eos=True).text
+    s = ServerSettings(model=str(target), model_draft=str(drafter), n_ctx=512, n_threads=1, spec_adaptive=False)
+    with LiveServer(s) as srv:
+        r = httpx.post(srv.url + "/v1/chat/completions", timeout=300, json={
+            "messages": chat, "max_tokens": 40, "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["choices"][0]["message"]["content"] == ref
+        assert body["timings"]["draft_n"] > 0
+
+    rc = main(["bench", "-m", str(target), "-md", str(drafter), "--dataset", "gsm8k", "--n-prompts", "2",
+               "--max-new-tokens", "32", "--out", str(tmp_path / "bench"), "--no-progress", "-t", "1",
+               "--spec-draft-adaptive", "off"])
+    assert rc == 0
+    rep = json.loads((tmp_path / "bench" / "bench.json").read_text())
+    assert rep["config"]["rollback"] == "native"
+    assert rep["summary"]["mismatches"] == 0 and rep["summary"]["n_drafted"] > 0
