@@ -154,6 +154,9 @@ class Engine {
     std::string rollback_mode() const { return mem_ ? rollback_name(mem_->rollback()) : "kv"; }
     bool recurrent_target() const { return mem_ && mem_->recurrent(); }
     int n_swa() const { return mem_ ? mem_->n_swa() : 0; }
+    // Bytes of one copy of the target's recurrent state (a checkpoint; native rollback keeps
+    // n_rs_seq more of them), 0 without one.
+    size_t recurrent_state_bytes() const { return mem_ ? mem_->snapshot_bytes() : 0; }
     std::string target_arch() const { return arch_tgt_; }
     std::vector<int32_t> target_layers() const { return lids_; }
     llama_model * target_model() const { return model_tgt_; }

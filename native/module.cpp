@@ -268,6 +268,7 @@ NB_MODULE(_native, m) {
         .def_prop_ro("rollback_mode", &dflash2::Engine::rollback_mode)
         .def_prop_ro("recurrent_target", &dflash2::Engine::recurrent_target)
         .def_prop_ro("n_swa", &dflash2::Engine::n_swa)
+        .def_prop_ro("recurrent_state_bytes", &dflash2::Engine::recurrent_state_bytes)
         .def_prop_ro("target_arch", &dflash2::Engine::target_arch)
         .def_prop_ro("target_layers", &dflash2::Engine::target_layers)
         .def_prop_ro("n_cached_tokens", &dflash2::Engine::n_cached_tokens)

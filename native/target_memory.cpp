@@ -31,8 +31,11 @@ TargetMemory::TargetMemory(llama_context * ctx, const llama_model * m, int n_rol
     if (recurrent_) {
         const int n_rs = (int) llama_n_rs_seq(ctx);
         rollback_ = n_rs >= n_rollback_max && n_rollback_max > 0 ? Rollback::kNative : Rollback::kCheckpoint;
-        snapshot_bytes_ = llama_state_seq_get_size_ext(ctx, 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
     }
+}
+
+size_t TargetMemory::snapshot_bytes() const {
+    return recurrent_ ? llama_state_seq_get_size_ext(ctx_, 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) : 0;
 }
 
 std::vector<uint8_t> TargetMemory::save_partial() const {

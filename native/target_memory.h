@@ -64,7 +64,8 @@ class TargetMemory {
     // True when a prefix of the cached sequence cannot always be kept by cutting its tail
     // (recurrent state or sliding window): prompt reuse goes through checkpoints.
     bool needs_prompt_checkpoints() const { return recurrent_ || n_swa_ > 0; }
-    size_t snapshot_bytes() const { return snapshot_bytes_; }  // native: the recurrent memory's total size
+    // One copy of the sequence's recurrent state now (what a checkpoint holds; 0 without one).
+    size_t snapshot_bytes() const;
 
     // --- verify passes
     // Before a pass that verifies k drafts at position P (checkpoint mode, k > 0: saves the state).
@@ -99,7 +100,6 @@ class TargetMemory {
     Rollback rollback_ = Rollback::kKv;
     bool recurrent_ = false;
     int n_swa_ = 0;
-    size_t snapshot_bytes_ = 0;
     std::vector<uint8_t> verify_ckpt_;  // checkpoint mode: the state before the last verify pass
     int verify_pos_ = -1;               // its position (-1: none)
     std::vector<StateCheckpoint> ckpts_;
