@@ -286,3 +286,35 @@ def test_ram_prompt_cache_keeps_checkpoints(native_ext, hybrid, arch):
     with DFlashDecoder(target, drafter, **opts) as cold:
         assert cold.generate(turn2, **kw).tokens == warm.tokens
         assert cold.generate(early, **kw).tokens == back.tokens
+
+
+def test_readme_targets_table_matches_llama_cpp():
+    """README's `native` and `checkpoint` rows list exactly llama.cpp 0c1e570's recurrent / hybrid
+    architectures, split by llm_arch_supports_rs_rollback (src/llama-arch.cpp)."""
+    import re
+
+    from benchmarks.upstream import UpstreamUnavailable, cache_dir, fetch_upstream
+
+    try:
+        root = fetch_upstream(needed=("convert_hf_to_gguf.py", "src/llama-arch.cpp"),
+                              root=cache_dir() / "upstream-arch-0c1e570")
+    except UpstreamUnavailable as e:
+        pytest.skip(str(e))
+    src = (root / "src" / "llama-arch.cpp").read_text()
+    names = dict(re.findall(r"\{\s*(LLM_ARCH_\w+),\s*\"([^\"]+)\"\s*\}", src))
+
+    def cases(fn):
+        body = src[src.index(f"bool {fn}(const llm_arch & arch)"):]
+        body = body[:body.index("default:")]
+        return {names[c] for c in re.findall(r"case (LLM_ARCH_\w+):", body)}
+
+    stateful = cases("llm_arch_is_recurrent") | cases("llm_arch_is_hybrid")
+    native = cases("llm_arch_supports_rs_rollback") & stateful
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+    def row(mech):
+        line = next(ln for ln in readme.splitlines() if ln.startswith(f"| `{mech}` | recurrent"))
+        return {a.strip() for a in line.split("|")[3].replace(";", ",").split(",")}
+
+    assert row("native") == native
+    assert row("checkpoint") == stateful - native
