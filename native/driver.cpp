@@ -120,7 +120,8 @@ Engine::Engine(const EngineOptions & opt) : opt_(opt) {
         cp.swa_full = opt.swa_full;
         if (cap_) cap_->configure(cp);
         // a recurrent target keeps state snapshots for the most drafts a cycle verifies
-        const int n_rollback_max = want_dft ? block_size_ - 1 : 0;
+        if (opt.context_draft_max < 0) throw std::invalid_argument("context_draft_max must be >= 0");
+        const int n_rollback_max = std::max(want_dft ? block_size_ - 1 : 0, opt.context_draft_max);
         TargetMemory::configure(model_tgt_, n_rollback_max, cp);
         ctx_tgt_ = llama_init_from_model(model_tgt_, cp);
         if (!ctx_tgt_) throw Error(kErrLoad, "failed to create the target context (n_ctx " + std::to_string(n_ctx_tgt_) + ")");
@@ -371,7 +372,9 @@ CostModel Engine::measure_costs(int reps) {
     require_open();
     if (reps < 1) throw std::invalid_argument("reps must be >= 1");
     const int n = std::min(48, n_ctx_tgt_ / 2);
-    const int rows = std::max(block_size_, 1);
+    // rows: a DFlash block and the longest context draft + its anchor; past 8 rows every 4th and
+    // the last are measured, the others interpolated (the cost is close to linear there)
+    const int rows = std::max({block_size_, 1, opt_.context_draft_max + 1});
     if (n + rows + 1 > n_ctx_tgt_) throw Error(kErrContextFull, "n_ctx is too small to measure the cost model");
     forget_cache();
     std::vector<int32_t> toks(n + rows);
@@ -394,7 +397,10 @@ CostModel Engine::measure_costs(int reps) {
         }
         llama_memory_seq_rm(llama_get_memory(ctx_tgt_), 0, n, -1);
     };
+    std::vector<int> measured;
     for (int r = 1; r <= rows; ++r) {
+        if (r > 8 && r != rows && (r - 8) % 4 != 0) continue;
+        measured.push_back(r);
         std::vector<double> t;
         for (int i = 0; i < reps + 1; ++i) {  // the first pass warms up
             if (mem_->recurrent()) {
@@ -408,6 +414,13 @@ CostModel Engine::measure_costs(int reps) {
             rewind();
         }
         c.verify_ms[r - 1] = median(t);
+    }
+    for (size_t j = 1; j < measured.size(); ++j) {
+        const int r0 = measured[j - 1], r1 = measured[j];
+        for (int r = r0 + 1; r < r1; ++r) {
+            const double f = (double) (r - r0) / (double) (r1 - r0);
+            c.verify_ms[r - 1] = (1.0 - f) * c.verify_ms[r0 - 1] + f * c.verify_ms[r1 - 1];
+        }
     }
     // checkpoint rollback: copy + restore + (on a rejection) a short re-decode, ~ one row
     if (mem_->rollback() == Rollback::kCheckpoint) c.rollback_ms = median(t_save) + median(t_restore) + c.verify_ms[0];
@@ -504,6 +517,8 @@ Chunk Engine::begin(const std::vector<int32_t> & prompt, const GenParams & gp) {
     tokens_ = prompt;
     n_prompt_ = n;
     active_ = true;
+    gp_.ngram.validate();
+    if (gp_.use_drafter && (gp_.spec_types & kSpecNgramMod)) pool_.add(tokens_, gp_.ngram);
     stats_.rollback = rollback_name(mem_->rollback());
     stats_.n_checkpoints = (int64_t) mem_->checkpoints().size();
     for (int t : prompt) state_.accept_prompt(t);
@@ -534,23 +549,37 @@ Chunk Engine::step() {
         return c;
     }
     int k_max = 0;
-    const bool drafting = dft_ != nullptr && gp_.use_drafter;
-    if (drafting && n_dft_valid_ + n_pending_ == P && P + block_size_ <= n_ctx_dft_) {
+    const bool drafting = dft_ != nullptr && gp_.use_drafter;  // the drafter's features are kept
+    const int k_cap = std::max(0, std::min(remaining - 1, n_ctx_tgt_ - 1 - P));
+    if (drafting && (gp_.spec_types & kSpecDflash) && n_dft_valid_ + n_pending_ == P && P + block_size_ <= n_ctx_dft_) {
         k_max = block_size_ - 1;
         if (gp_.n_draft_max >= 0) k_max = std::min(k_max, gp_.n_draft_max);
-        k_max = std::min(k_max, remaining - 1);
-        k_max = std::min(k_max, n_ctx_tgt_ - 1 - P);
-        k_max = std::max(k_max, 0);
+        k_max = std::min(k_max, k_cap);
     }
     const double t_cycle = now_ms();
     // adaptive: run the drafter only while its cycles pay; then verify the k that maximises the
     // expected tokens per millisecond (draft_policy.h). Nothing here depends on this cycle's
     // verification.
     const bool adaptive = gp_.adaptive && cost_.valid() && (int) cost_.verify_ms.size() > k_max;
-    const bool run_drafter = k_max > 0 && (!adaptive || gate_.draft_now(cost_));
+    // Context drafts first (no drafter pass): they win the cycle when their expected tokens per
+    // ms beat what DFlash cycles have been delivering (or DFlash cannot draft); without
+    // adaptation, as llama.cpp orders its types, an n-gram match wins.
+    int ctx_src = -1, ctx_match = 0;
+    double ctx_rate = -1.0;
+    int k_ctx = 0;
+    if (gp_.use_drafter && (gp_.spec_types & (kSpecNgramSimple | kSpecNgramMod))) {
+        k_ctx = context_drafts(std::min(k_cap, opt_.context_draft_max), gp_.adaptive && cost_.valid(), ctx_src,
+                               ctx_match, ctx_rate);
+    }
+    bool use_ctx = false;
+    if (k_ctx > 0) {
+        if (k_max == 0 || !adaptive) use_ctx = true;
+        else use_ctx = gate_.rate() >= 0.0 ? ctx_rate >= gate_.rate() : !gate_.open(cost_);
+    }
+    const bool run_drafter = !use_ctx && k_max > 0 && (!adaptive || gate_.draft_now(cost_));
     if (k_max > 0 && !run_drafter) stats_.n_drafter_skipped++;
     double t0 = now_ms();
-    int k = 0;
+    int k = use_ctx ? k_ctx : 0;
     double draft_ms = 0;
     // Which drafts to verify, decided row by row BEFORE each draft is drawn (drafter.h): p_min on
     // the row's confidence, and the adaptive policy: continue while the best k, with this row's
@@ -585,7 +614,10 @@ Chunk Engine::step() {
         cost_.observe_draft(draft_ms);
     }
     double pred_tokens = 1.0, pred_ms = adaptive ? cost_.verify_ms[0] : 0.0;
-    if (adaptive && run_drafter) {
+    if (adaptive && use_ctx && (int) cost_.verify_ms.size() > k) {
+        pred_tokens = expected_tokens(ctx_acc_, k);
+        pred_ms = cost_.verify_ms[k] + cost_.rollback_ms;
+    } else if (adaptive && run_drafter) {
         pred_tokens = expected_tokens(acc, k);
         pred_ms = cost_.verify_ms[k] + cost_.draft_ms + (k > 0 ? cost_.rollback_ms : 0.0);
         gate_.observe_drafting(pred_tokens / pred_ms);
@@ -631,6 +663,15 @@ Chunk Engine::step() {
     const int a = ar.n_accepted;
     if (run_drafter) {  // calibrate the drafter's confidence: drafts reached, accepted or not
         for (int i = 0; i < k && i <= a; ++i) calib_.observe(drafts_[i].conf, i < a);
+    }
+    if (use_ctx) {  // and each context source's acceptance by match length
+        for (int i = 0; i < k && i <= a; ++i) ctx_calib_.observe(ctx_src, ctx_match, i < a);
+    }
+    if (k > 0) {
+        const int si = use_ctx ? ctx_src : 0;
+        stats_.src_cycles[si]++;
+        stats_.src_drafted[si] += k;
+        stats_.src_accepted[si] += a;
     }
     stats_.n_cycles++;
     if ((int) stats_.k_hist.size() <= k) stats_.k_hist.resize(k + 1, 0);
@@ -685,6 +726,41 @@ Chunk Engine::step() {
     c.done = done_;
     stats_.t_total_ms = now_ms() - t_begin_;
     return c;
+}
+
+// Context drafts for this cycle (context_drafter.h): each enabled source looks the context up;
+// the one whose best k (by the cost model, or its whole draft without adaptation) promises the
+// most tokens per millisecond fills drafts_ with point masses. Returns that k (0: none).
+int Engine::context_drafts(int k_cap, bool adaptive, int & source, int & match_len, double & rate) {
+    int best_k = 0;
+    if (k_cap <= 0) return 0;
+    std::vector<double> a;
+    for (int s = 1; s < kNumSources; ++s) {
+        const int bit = s == 1 ? kSpecNgramSimple : kSpecNgramMod;
+        if (!(gp_.spec_types & bit)) continue;
+        const ContextDraft d = s == 1 ? lookup_.draft(tokens_, gp_.ngram, k_cap) : pool_.draft(tokens_, gp_.ngram, k_cap);
+        if (d.tokens.empty()) continue;
+        a.assign(d.tokens.size(), ctx_calib_.predict(s, d.match_len));
+        int k = (int) a.size();
+        double r = expected_tokens(a, k);
+        if (adaptive) k = choose_draft_length(cost_, a, k, 0.0, &r);
+        if (k == 0 || (best_k > 0 && r <= rate)) continue;
+        best_k = k;
+        rate = r;
+        source = s;
+        match_len = d.match_len;
+        ctx_acc_.assign(a.begin(), a.begin() + k);
+        drafts_.resize(k);
+        for (int i = 0; i < k; ++i) {
+            DraftRow & row = drafts_[i];
+            row.token = d.tokens[i];
+            row.cand.assign(1, d.tokens[i]);  // a point mass: q = 1 on the drafted token
+            row.q.assign(1, 1.0f);
+            row.slot = 0;
+            row.conf = (float) a[i];
+        }
+    }
+    return best_k;
 }
 
 std::vector<int32_t> Engine::generate(const std::vector<int32_t> & prompt, const GenParams & gp,

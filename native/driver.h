@@ -18,6 +18,7 @@
 #include "error.h"
 #include "acceptance.h"
 #include "capture.h"
+#include "context_drafter.h"
 #include "draft_policy.h"
 #include "drafter.h"
 #include "prompt_cache.h"
@@ -49,6 +50,8 @@ struct EngineOptions {
     bool kv_f32_draft       = false;// F32 drafter K/V cache (parity tests); default F16
     bool repack             = true; // llama.cpp --repack: CPU weight repacking (use_extra_bufts), both models
     std::string capture     = "auto"; // "auto" | "layer_inp" | "cb_eval"
+    int  context_draft_max  = 16;   // the most context drafts a cycle verifies (context_drafter.h);
+                                    // a recurrent target keeps max(this, block - 1) state snapshots
     bool swa_full           = false;// llama.cpp --swa-full: a sliding-window target keeps every cell
                                     // (off: n_swa + n_batch cells, as llama-server; target_memory.h)
     int64_t cache_ram_mib   = 1024; // RAM prompt cache (llama-server --cache-ram): saved prefixes
@@ -67,6 +70,8 @@ struct GenParams {
     bool     ignore_eog  = false;
     bool     cache_prompt = true;  // reuse the longest common prefix with the cached state
     bool     adaptive    = true;   // choose k per cycle (draft_policy.h); false: always n_max
+    int      spec_types  = kSpecDflash;  // SpecType bits (context_drafter.h): which sources may draft
+    NgramParams ngram;             // the context sources' parameters
     std::vector<std::string> stop; // stop strings (checked on the detokenized output)
     // TEST HOOK (negative controls of the lossless tests, acceptance.h TestFault). Never set it
     // outside tests: the output distribution is then wrong.
@@ -102,6 +107,10 @@ struct Stats {
     int64_t n_redecoded = 0;    // tokens decoded again after a checkpoint restore
     double t_rollback_ms = 0;   // checkpoint copies, restores, re-decodes and seq_rm calls
     int64_t n_checkpoints = 0;  // prompt checkpoints held after this generation
+    // per draft source (context_drafter.h source_name: 0 dflash, 1 ngram-simple, 2 ngram-mod)
+    int64_t src_cycles[kNumSources] = {};    // cycles whose drafts came from the source
+    int64_t src_drafted[kNumSources] = {};   // drafts it sent to verification
+    int64_t src_accepted[kNumSources] = {};  // of those, accepted
 };
 
 // Tokens committed by one call to begin() (the prefill's first token) or step() (one cycle).
@@ -227,6 +236,13 @@ class Engine {
     std::string gen_text_;
     std::vector<uint8_t> gen_from_draft_;
     double t_begin_ = 0;
+
+    // context drafts
+    PromptLookup lookup_;
+    NgramPool pool_;               // shared across generations (llama.cpp shares it across a slot's)
+    ContextCalibration ctx_calib_;
+    std::vector<double> ctx_acc_;  // the chosen context drafts' predicted acceptance
+    int context_drafts(int k_cap, bool adaptive, int & source, int & match_len, double & rate);
 
     // adaptive draft length
     CostModel cost_;

@@ -89,6 +89,15 @@ nb::dict stats_dict(const dflash2::Stats & s) {
     d["n_redecoded"] = s.n_redecoded;
     d["t_rollback_ms"] = s.t_rollback_ms;
     d["n_checkpoints"] = s.n_checkpoints;
+    nb::dict src;
+    for (int i = 0; i < dflash2::kNumSources; ++i) {
+        nb::dict e;
+        e["cycles"] = s.src_cycles[i];
+        e["drafted"] = s.src_drafted[i];
+        e["accepted"] = s.src_accepted[i];
+        src[dflash2::source_name(i)] = e;
+    }
+    d["sources"] = src;
     return d;
 }
 
@@ -160,6 +169,7 @@ NB_MODULE(_native, m) {
         .def_rw("repack", &dflash2::EngineOptions::repack)
         .def_rw("capture", &dflash2::EngineOptions::capture)
         .def_rw("swa_full", &dflash2::EngineOptions::swa_full)
+        .def_rw("context_draft_max", &dflash2::EngineOptions::context_draft_max)
         .def_rw("cache_ram_mib", &dflash2::EngineOptions::cache_ram_mib);
 
     // One binding line per field, generated from the one list of sampling options (sampling.h).
@@ -173,8 +183,21 @@ NB_MODULE(_native, m) {
 #undef DFLASH2_FIELD_NAME
     m.attr("SAMPLING_FIELDS") = nb::tuple(sampling_fields);
 
+    nb::class_<dflash2::NgramParams>(m, "NgramParams")
+        .def(nb::init<>())
+        .def_rw("simple_size_n", &dflash2::NgramParams::simple_size_n)
+        .def_rw("simple_size_m", &dflash2::NgramParams::simple_size_m)
+        .def_rw("mod_n_match", &dflash2::NgramParams::mod_n_match)
+        .def_rw("mod_n_max", &dflash2::NgramParams::mod_n_max)
+        .def_rw("mod_n_min", &dflash2::NgramParams::mod_n_min);
+    m.attr("SPEC_DFLASH") = (int) dflash2::kSpecDflash;
+    m.attr("SPEC_NGRAM_SIMPLE") = (int) dflash2::kSpecNgramSimple;
+    m.attr("SPEC_NGRAM_MOD") = (int) dflash2::kSpecNgramMod;
+
     nb::class_<dflash2::GenParams>(m, "GenParams")
         .def(nb::init<>())
+        .def_rw("spec_types", &dflash2::GenParams::spec_types)
+        .def_rw("ngram", &dflash2::GenParams::ngram)
         .def_rw("n_predict", &dflash2::GenParams::n_predict)
         .def_rw("sampling", &dflash2::GenParams::sampling)
         .def_rw("n_draft_max", &dflash2::GenParams::n_draft_max)

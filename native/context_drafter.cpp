@@ -1,0 +1,168 @@
+// Context drafts (see context_drafter.h).
+#include "context_drafter.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+namespace dflash2 {
+
+const char * source_name(int index) {
+    static const char * names[kNumSources] = {"draft-dflash", "ngram-simple", "ngram-mod"};
+    return index >= 0 && index < kNumSources ? names[index] : "?";
+}
+
+void NgramParams::validate() const {
+    auto in = [](int v, int lo, int hi, const char * name) {
+        if (v < lo || v > hi) {
+            throw std::invalid_argument(std::string(name) + " must be in " + std::to_string(lo) + ".." +
+                                        std::to_string(hi) + ", got " + std::to_string(v));
+        }
+    };
+    in(simple_size_n, 1, 1024, "spec_ngram_simple_size_n");
+    in(simple_size_m, 1, 1024, "spec_ngram_simple_size_m");
+    in(mod_n_match, 1, 1024, "spec_ngram_mod_n_match");
+    in(mod_n_max, 1, 1024, "spec_ngram_mod_n_max");
+    in(mod_n_min, 0, 1024, "spec_ngram_mod_n_min");
+}
+
+namespace {
+
+uint64_t hash_tokens(const int32_t * t, int n) {
+    uint64_t h = 1469598103934665603ULL;  // FNV-1a over the 4 bytes of each token
+    for (int i = 0; i < n; ++i) {
+        uint32_t v = (uint32_t) t[i];
+        for (int b = 0; b < 4; ++b) { h ^= (v >> (8 * b)) & 0xff; h *= 1099511628211ULL; }
+    }
+    return h;
+}
+
+// True when `a` is a prefix of `b`.
+bool extends(const std::vector<int32_t> & a, const std::vector<int32_t> & b) {
+    return a.size() <= b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(int32_t)) == 0);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// ngram-simple
+
+void PromptLookup::clear() {
+    indexed_.clear();
+    ends_.clear();
+    n_ = 0;
+}
+
+// Index the n-grams ending at 0-based positions e in [n - 1, len - 2] (an earlier occurrence needs
+// a token after it).
+void PromptLookup::index_to(const std::vector<int32_t> & history, int n) {
+    if (n != n_ || !extends(indexed_, history)) {
+        clear();
+        n_ = n;
+    }
+    const int len = (int) history.size();
+    const int from = std::max(n - 1, (int) indexed_.size() - 1);
+    for (int e = from; e <= len - 2; ++e) ends_[hash_tokens(history.data() + e - n + 1, n)].push_back(e);
+    indexed_.assign(history.begin(), history.end());
+}
+
+ContextDraft PromptLookup::draft(const std::vector<int32_t> & history, const NgramParams & p, int k_max) {
+    ContextDraft d;
+    const int n = p.simple_size_n;
+    const int len = (int) history.size();
+    if (k_max <= 0 || len < n + 1) return d;
+    index_to(history, n);
+    auto it = ends_.find(hash_tokens(history.data() + len - n, n));
+    if (it == ends_.end()) return d;
+    constexpr int kMaxCandidates = 32, kMaxMatch = 256;
+    int best_e = -1, best_m = 0, seen = 0;
+    const auto & ends = it->second;
+    for (auto e_it = ends.rbegin(); e_it != ends.rend() && seen < kMaxCandidates; ++e_it, ++seen) {
+        const int e = *e_it;
+        int m = 0;  // the match length, ending at e and at len - 1
+        while (m < kMaxMatch && e - m >= 0 && history[e - m] == history[len - 1 - m]) ++m;
+        if (m >= n && m > best_m) { best_m = m; best_e = e; }  // ties: the most recent (seen first)
+    }
+    if (best_e < 0) return d;
+    const int n_draft = std::min({k_max, p.simple_size_m, len - 1 - best_e});
+    d.tokens.assign(history.begin() + best_e + 1, history.begin() + best_e + 1 + n_draft);
+    d.match_len = best_m;
+    return d;
+}
+
+// ---------------------------------------------------------------------------------------------
+// ngram-mod (llama.cpp's common_ngram_mod: the same multiplier and table size)
+
+void NgramPool::clear() {
+    std::fill(table_.begin(), table_.end(), -1);
+    used_ = 0;
+    added_.clear();
+}
+
+size_t NgramPool::idx(const int32_t * t) const {
+    size_t r = 0;
+    for (int i = 0; i < n_; ++i) r = r * 6364136223846793005ULL + (size_t) (uint32_t) t[i];
+    return r % table_.size();
+}
+
+void NgramPool::add(const std::vector<int32_t> & history, const NgramParams & p) {
+    if (table_.empty()) table_.assign(kEntries, -1);
+    if (p.mod_n_match != n_) {
+        n_ = p.mod_n_match;
+        clear();
+    }
+    const int len = (int) history.size();
+    int start = 0;
+    if (extends(added_, history)) start = std::max(0, (int) added_.size() - n_);
+    for (int i = start; i + n_ < len; ++i) {
+        int32_t & slot = table_[idx(history.data() + i)];
+        if (slot < 0) ++used_;
+        slot = history[i + n_];
+    }
+    added_.assign(history.begin(), history.end());
+    if ((double) used_ > 0.25 * (double) table_.size()) {  // llama.cpp resets past 25% occupancy
+        std::fill(table_.begin(), table_.end(), -1);
+        used_ = 0;
+    }
+}
+
+ContextDraft NgramPool::draft(const std::vector<int32_t> & history, const NgramParams & p, int k_max) {
+    ContextDraft d;
+    add(history, p);
+    const int len = (int) history.size();
+    k_max = std::min(k_max, p.mod_n_max);
+    if (k_max <= 0 || len < n_) return d;
+    std::vector<int32_t> buf(history.end() - n_, history.end());
+    for (int i = 0; i < k_max; ++i) {
+        const int32_t t = table_[idx(buf.data() + i)];
+        if (t < 0) break;
+        buf.push_back(t);
+    }
+    if ((int) buf.size() - n_ < std::max(p.mod_n_min, 1)) return d;
+    d.tokens.assign(buf.begin() + n_, buf.end());
+    d.match_len = n_;
+    return d;
+}
+
+// ---------------------------------------------------------------------------------------------
+// calibration
+
+int ContextCalibration::bin(int m) { return std::clamp(m, 1, kBins) - 1; }
+
+double ContextCalibration::predict(int source, int m) const {
+    const int b = bin(m);
+    const double prior = (double) (b + 1) / (double) (b + 5);  // 0.2 for one token, 0.67 for 8
+    return (accepted_[source][b] + kPrior * prior) / (reached_[source][b] + kPrior);
+}
+
+void ContextCalibration::observe(int source, int m, bool accepted) {
+    for (int b = 0; b < kBins; ++b) {  // recent cycles weigh more: the context's character changes
+        reached_[source][b] *= kDecay;
+        accepted_[source][b] *= kDecay;
+    }
+    const int b = bin(m);
+    reached_[source][b] += 1.0;
+    if (accepted) accepted_[source][b] += 1.0;
+}
+
+}  // namespace dflash2

@@ -1,0 +1,101 @@
+// Context drafts: tokens looked up in the context instead of drafted by a model (context_drafter.cpp).
+//
+// Agents' output repeats their context (a file shown and rewritten with a few lines changed,
+// quoted tool output, JSON re-emitted with one field changed), and a draft looked up there costs
+// no drafter pass. Two sources, as llama.cpp's n-gram speculative types at 0c1e570
+// (common/speculative.cpp, common/ngram-map.cpp, common/ngram-mod.cpp):
+//
+//   ngram-simple  prompt lookup: the most recent earlier occurrence of the longest suffix of the
+//                 context (prompt + committed output, the anchor last) of at least size_n tokens;
+//                 the tokens that followed it are the drafts (at most size_m). llama.cpp's
+//                 ngram-simple looks up exactly size_n tokens; the longest match is kept here
+//                 because its length is what predicts acceptance (ContextCalibration).
+//   ngram-mod     a pool of n_match-grams -> next token, hashed into a fixed table (4 Mi entries,
+//                 16 MiB), filled from every request of the engine (shared across requests, as
+//                 llama.cpp shares it across a slot's); drafts chain lookups up to n_max tokens.
+//
+// Every context draft is a point mass (q = 1 on the drafted token), which the rejection rule
+// handles exactly (acceptance.h), so drafts from the context are as lossless as DFlash drafts.
+// Which source drafts, and how many of its tokens are verified, is chosen per cycle by expected
+// tokens per millisecond (driver.cpp, draft_policy.h), with each source's acceptance learnt
+// online by match length (ContextCalibration).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace dflash2 {
+
+// Speculative types (llama.cpp's --spec-type names); a generation takes any set of them.
+enum SpecType : int {
+    kSpecDflash      = 1,  // "draft-dflash": the DFlash drafter GGUF
+    kSpecNgramSimple = 2,  // "ngram-simple": prompt lookup by longest suffix match
+    kSpecNgramMod    = 4,  // "ngram-mod": hashed n-gram pool shared across requests
+};
+constexpr int kNumSources = 3;          // stats index: 0 dflash, 1 ngram-simple, 2 ngram-mod
+const char * source_name(int index);
+
+// Parameters of the context sources (llama.cpp's --spec-ngram-* flags; defaults: see the fields).
+struct NgramParams {
+    int simple_size_n = 2;   // --spec-ngram-simple-size-n: the shortest suffix looked up
+    int simple_size_m = 16;  // --spec-ngram-simple-size-m: the most drafts
+    int mod_n_match   = 16;  // --spec-ngram-mod-n-match: pool n-gram length
+    int mod_n_max     = 16;  // --spec-ngram-mod-n-max: the most drafts
+    int mod_n_min     = 1;   // --spec-ngram-mod-n-min: fewer chained drafts than this: none
+    void validate() const;   // std::invalid_argument naming the bad field
+};
+
+struct ContextDraft {
+    std::vector<int32_t> tokens;
+    int match_len = 0;       // tokens of the context that matched (the calibration key)
+};
+
+// ngram-simple: the context's own n-gram index, rebuilt when a request's prompt does not extend
+// the indexed tokens, extended as tokens are committed.
+class PromptLookup {
+  public:
+    // history: prompt + committed tokens (the anchor last); at most k_max drafts.
+    ContextDraft draft(const std::vector<int32_t> & history, const NgramParams & p, int k_max);
+    void clear();
+
+  private:
+    void index_to(const std::vector<int32_t> & history, int n);
+    int n_ = 0;                                   // the n-gram length of the index
+    std::vector<int32_t> indexed_;                // tokens indexed so far (a prefix of history)
+    std::unordered_map<uint64_t, std::vector<int32_t>> ends_;  // hash of n tokens -> end indices
+};
+
+// ngram-mod: llama.cpp's common_ngram_mod table (hash of n tokens -> the token after them).
+class NgramPool {
+  public:
+    // Add the n-grams of history not yet added (history extends what was added, else all again).
+    void add(const std::vector<int32_t> & history, const NgramParams & p);
+    ContextDraft draft(const std::vector<int32_t> & history, const NgramParams & p, int k_max);
+    void clear();
+    static constexpr size_t kEntries = (size_t) 4 << 20;
+
+  private:
+    size_t idx(const int32_t * t) const;
+    int n_ = 0;
+    size_t used_ = 0;
+    std::vector<int32_t> table_;
+    std::vector<int32_t> added_;   // the sequence whose n-grams were added last (prefix check)
+};
+
+// P(a context draft is accepted | reached) by source and match length (bins 1..kBins, the last
+// open-ended), from decayed counts with a prior that grows with the match length.
+class ContextCalibration {
+  public:
+    double predict(int source, int match_len) const;
+    void observe(int source, int match_len, bool accepted);
+    static constexpr int kBins = 24;
+    static constexpr double kPrior = 2.0, kDecay = 0.995;
+  private:
+    static int bin(int m);
+    double reached_[kNumSources][kBins] = {}, accepted_[kNumSources][kBins] = {};
+};
+
+}  // namespace dflash2
