@@ -79,7 +79,7 @@ def live(smollm2_gguf, drafter):
     # a fixed draft length: these tests check the server's plumbing of drafting statistics, which a
     # random drafter under the adaptive policy (tests/test_draft_policy.py) may rightly never use
     s = ServerSettings(model=str(smollm2_gguf), model_draft=drafter, n_ctx=N_CTX, n_threads=1, alias="smol",
-                       spec_adaptive=False)
+                       adaptive=False)
     with LiveServer(s) as srv:
         yield srv
 
@@ -334,7 +334,7 @@ class _FakeDecoder:
     def detokenize(self, tokens, special=False):
         return "".join(chr(t) for t in tokens)
 
-    def apply_chat_template(self, messages, add_generation_prompt=True):
+    def apply_chat_template(self, messages, add_generation_prompt=True, **kw):
         text = "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
 
@@ -691,7 +691,7 @@ def test_serve_llama_server_flags(tmp_path):
                                    "--host", "127.0.0.1,::1", "--offline", "--no-slots", "--metrics",
                                    "--no-context-shift", "-c", "0"])
     s = settings_from_args(a)
-    assert (s.temperature, s.seed, s.n_predict, s.n_slots, s.jinja, s.chat_template) == \
+    assert (s.temperature, s.seed, s.max_tokens, s.n_slots, s.jinja, s.chat_template) == \
         (0.2, 7, 33, 3, False, "{{ messages }}")
     assert (s.n_draft_min, s.cors_origins, s.aliases, s.tag_list, s.endpoint_slots) == \
         (2, "localhost", ["a", "b"], ["x"], False)
