@@ -779,3 +779,25 @@ def test_structured_output_parse_with_pydantic(client):
                                       response_format=Person, max_tokens=64, temperature=0)
     p = r.choices[0].message.parsed
     assert isinstance(p, Person) and p.name and r.choices[0].finish_reason == "stop"
+
+
+def test_serve_presence_penalty_flag_changes_outputs(smollm2_gguf, reference):
+    """``serve --presence-penalty 1.5`` (issue 44): a request that sets no penalty is penalised
+    (its greedy text departs from the target's plain greedy text), and one that sends
+    ``presence_penalty: 0`` is not (the request's value wins)."""
+    from dflash2_gguf.cli import build_parser
+    from dflash2_gguf.server.__main__ import settings_from_args
+
+    args = build_parser().parse_args(["serve", "-m", str(smollm2_gguf), "-c", str(N_CTX), "-t", "1",
+                                      "--presence-penalty", "1.5", "--temp", "0", "-a", "smol"])
+    s = settings_from_args(args)
+    assert s.presence_penalty == 1.5 and s.temperature == 0.0
+    prompt = PROMPTS[0]  # "The capital of France is": the penalty turns the greedy text after " Paris."
+    with LiveServer(s) as srv:
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 16}, timeout=300).json()
+        assert r["choices"][0]["text"] != reference(prompt)
+        props = httpx.get(srv.url + "/props", timeout=30).json()["default_generation_settings"]["params"]
+        assert props["presence_penalty"] == 1.5
+        r0 = httpx.post(srv.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 16, "presence_penalty": 0},
+                        timeout=300).json()
+        assert r0["choices"][0]["text"] == reference(prompt)
