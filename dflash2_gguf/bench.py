@@ -102,6 +102,13 @@ def run_from_args(args) -> int:
     vals = values_from_args(args, "bench")
     sp = sampling_from_values(vals)  # ValueError names a bad value
     seed = 0 if sp.seed is None else sp.seed
+    if args.upstream or args.prompt_lookup:
+        import dataclasses
+
+        plain = dataclasses.replace(sp, temperature=0.0, seed=0)
+        if plain != type(sp)(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0):
+            raise ValueError("--upstream / --prompt-lookup compare runs sampled with --temp alone: leave out the "
+                             "other sampling flags (--top-k, --top-p, --min-p, penalties, -l, grammars)")
     gen = {k: v for k, v in vals.items()
            if k not in {p.name for p in select(group="sampling")} | {"max_tokens", "n_draft_max", "adaptive"}}
     dkw = {k: v for k, v in decoder_kwargs(args).items() if k not in ("n_ctx", "n_threads")}

@@ -33,6 +33,17 @@ def _gpu_layers(v: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a number of layers, 'all' or 'auto', got {v!r}") from None
 
 
+def _fa_word(v: str) -> str:
+    """``-fa``: llama.cpp's words (``on``/``enabled``/``true``/``1``, ``off``/``disabled``/
+    ``false``/``0``, ``auto``/``-1``) -> a key of :data:`FLASH_ATTN`."""
+    s = str(v).strip().lower()
+    for word, forms in (("on", ("on", "enabled", "true", "1")), ("off", ("off", "disabled", "false", "0")),
+                        ("auto", ("auto", "-1"))):
+        if s in forms:
+            return word
+    raise argparse.ArgumentTypeError(f"expected on, off or auto, got {v!r}")
+
+
 def add_model_args(p: argparse.ArgumentParser, *, drafter_required: bool = True) -> None:
     """``-m/-md/-c/-cd/-t/-td/-ngl/-ngld/-fa/-nr/-v`` (model and context flags shared by
     subcommands), each with every spelling llama.cpp 0c1e570 has for it (common/arg.cpp;
@@ -49,7 +60,7 @@ def add_model_args(p: argparse.ArgumentParser, *, drafter_required: bool = True)
                    help="target layers on GPU (-1 or all = all)")
     p.add_argument("-ngld", "--n-gpu-layers-draft", "--gpu-layers-draft", "--spec-draft-ngl", type=_gpu_layers,
                    default=None, help="drafter layers on GPU")
-    p.add_argument("-fa", "--flash-attn", choices=tuple(FLASH_ATTN), default="auto",
+    p.add_argument("-fa", "--flash-attn", type=_fa_word, default="auto", metavar="on|off|auto",
                    help="flash attention, both models (default: llama.cpp's auto)")
     p.add_argument("-nr", "--no-repack", dest="no_repack", action="store_true",
                    help="disable CPU weight repacking, both models")

@@ -33,7 +33,6 @@ A leaf module: it imports nothing of this package.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple

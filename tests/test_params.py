@@ -363,3 +363,29 @@ def test_generator_reproduces_the_committed_file(tmp_path):
     subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_llama_server_options.py"), "--arg-cpp", str(src),
                     "--out", str(out)], check=True, capture_output=True, timeout=120)
     assert json.loads(out.read_text()) == json.loads(llama_args.DATA_FILE.read_text())
+
+
+def test_bench_flags_reach_run_bench(monkeypatch, capsys):
+    """bench's sampling and draft flags come from the table and reach the run (default: temperature
+    only, as before); a side-by-side comparison refuses sampling it cannot reproduce."""
+    from dflash2_gguf import bench
+    from dflash2_gguf.cli import main
+
+    seen = {}
+
+    class _Stop(Exception):
+        pass
+
+    def fake_run_bench(*a, **kw):
+        seen.update(kw)
+        raise _Stop
+
+    monkeypatch.setattr(bench, "run_bench", fake_run_bench)
+    base = ["bench", "-m", "t.gguf", "-md", "d.gguf", "--dataset", "gsm8k"]
+    with pytest.raises(_Stop):
+        main(base + ["--max-new-tokens", "9", "--presence-penalty", "0.5", "--spec-draft-p-min", "0.2"])
+    sp = seen["sampling"]
+    assert (sp.temperature, sp.top_k, sp.top_p, sp.min_p, sp.presence_penalty) == (0.0, 0, 1.0, 0.0, 0.5)
+    assert seen["max_new_tokens"] == 9 and seen["generate_kwargs"]["p_min"] == 0.2 and seen["seed"] == 0
+    assert main(base + ["--upstream", "--top-k", "5"]) == 2
+    assert "--temp alone" in capsys.readouterr().err
