@@ -22,7 +22,6 @@ The native extension is loaded on first construction, never at import.
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
 import json
 import os
@@ -732,19 +731,16 @@ class DFlashDecoder:
         :class:`~dflash2_gguf.stops.StopStringBuffer`: a tail that may still become a stop string is
         held back until it cannot, so the chunks' texts concatenate to exactly the non-streamed text
         (cut before the earliest stop string) and never contain the start of a cut stop string."""
+        from .detok import StreamingDetokenizer
         from .stops import StopStringBuffer
 
         eng = self.engine
-        dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        text = StreamingDetokenizer(lambda t: eng.detokenize(t, False))  # linear in the output
         buf = StopStringBuffer(stops)
         with self._lock:
             toks, fd, done, lps = eng.begin(ids, g)
-            all_toks = list(toks)
-            raw_prev = b""
             while True:
-                raw = bytes(eng.detokenize(all_toks, False))
-                delta = buf.feed(dec.decode(raw[len(raw_prev):], final=done))
-                raw_prev = raw
+                delta = buf.feed(text.feed(toks, final=done))
                 if done:
                     delta += buf.flush()
                 stats = GenerationStats._from_native(eng.stats()) if done else None
@@ -754,4 +750,3 @@ class DFlashDecoder:
                 if done:
                     return
                 toks, fd, done, lps = eng.step()
-                all_toks += toks

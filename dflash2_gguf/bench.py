@@ -49,7 +49,7 @@ from .bench_compare import ComparisonUnavailable
 from .bench_report import markdown_table, plot_per_position, write_report
 from .bench_run import ComparisonFailed, run_bench
 from .bench_stats import RequestResult, committed_per_pass, summarize
-from .options import add_model_args, decoder_kwargs
+from .options import add_model_args, add_sampling_args, decoder_kwargs
 from .prompt_sets import DATASETS, DatasetSpec, format_turns, load_prompts, load_rows
 
 __all__ = [
@@ -66,11 +66,10 @@ def add_bench_args(p) -> None:
                    help=f"{'|'.join(DATASETS)}, a .jsonl file or a text file with one prompt per line "
                         "(mbpp: shipped in the package; $DFLASH2_GGUF_MBPP reads another copy)")
     p.add_argument("--n-prompts", type=int, default=10, help="prompts picked with random.Random(42).shuffle")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="maximum new tokens per request")
-    p.add_argument("--temp", type=float, default=0.0, help="temperature (0 = greedy, checks token equality)")
-    p.add_argument("--seed", type=int, default=0, help="base sampling seed")
+    # sampling (default: temperature only, T = 0 checks token equality; the seed is the base seed,
+    # request i uses seed + i), -n / --max-new-tokens and the draft settings: dflash2_gguf/params.py
+    add_sampling_args(p, "bench")
     p.add_argument("--out", default="bench-out", help="folder for bench.json, bench.md and the PNG plot")
-    p.add_argument("--spec-draft-n-max", type=int, default=None, help="drafts verified per pass (default: block - 1)")
     p.add_argument("--no-warmup", action="store_true", help="skip the warmup generations")
     p.add_argument("--upstream", action="store_true",
                    help="also run upstream's llama-speculative-simple / llama-completion (llama.cpp 0c1e570; built once "
@@ -79,8 +78,6 @@ def add_bench_args(p) -> None:
     p.add_argument("--prompt-lookup", action="store_true",
                    help="also run llama-cpp-python with and without LlamaPromptLookupDecoding")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--spec-draft-adaptive", choices=("on", "off"), default="on",
-                   help="adaptive draft length (default on; off: always --spec-draft-n-max drafts)")
     p.add_argument("--sweep", action="store_true",
                    help="instead: tokens/s of the target alone, every fixed k and the adaptive policy on the same requests")
 
@@ -100,15 +97,27 @@ def run_from_args(args) -> int:
         raise ValueError("bench needs a drafter (-md DRAFT.gguf)")
     if args.n_prompts < 1:
         raise ValueError("--n-prompts must be >= 1")
-    if args.temp < 0:
-        raise ValueError("--temp must be >= 0")
+    from .params import sampling_from_values, select, values_from_args
+
+    vals = values_from_args(args, "bench")
+    sp = sampling_from_values(vals)  # ValueError names a bad value
+    seed = 0 if sp.seed is None else sp.seed
+    if args.upstream or args.prompt_lookup:
+        import dataclasses
+
+        plain = dataclasses.replace(sp, temperature=0.0, seed=0)
+        if plain != type(sp)(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0):
+            raise ValueError("--upstream / --prompt-lookup compare runs sampled with --temp alone: leave out the "
+                             "other sampling flags (--top-k, --top-p, --min-p, penalties, -l, grammars)")
+    gen = {k: v for k, v in vals.items()
+           if k not in {p.name for p in select(group="sampling")} | {"max_tokens", "n_draft_max", "adaptive"}}
     dkw = {k: v for k, v in decoder_kwargs(args).items() if k not in ("n_ctx", "n_threads")}
     if args.sweep:
         from .bench_run import run_sweep, sweep_markdown
 
-        rep = run_sweep(args.model, md, args.dataset, n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens,
-                        temperature=args.temp, seed=args.seed, n_threads=args.threads, n_ctx=args.ctx_size,
-                        decoder_kwargs=dkw, progress=not args.no_progress)
+        rep = run_sweep(args.model, md, args.dataset, n_prompts=args.n_prompts, max_new_tokens=args.max_tokens,
+                        temperature=sp.temperature, seed=seed, n_threads=args.threads, n_ctx=args.ctx_size,
+                        decoder_kwargs=dkw, progress=not args.no_progress, sampling=sp)
         print(sweep_markdown(rep))
         if args.out:
             out = Path(args.out)
@@ -119,12 +128,12 @@ def run_from_args(args) -> int:
         return 0
     try:
         report = run_bench(
-            args.model, md, args.dataset, n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens,
-            temperature=args.temp, seed=args.seed, out=args.out, n_draft_max=args.spec_draft_n_max,
+            args.model, md, args.dataset, n_prompts=args.n_prompts, max_new_tokens=args.max_tokens,
+            temperature=sp.temperature, seed=seed, out=args.out, n_draft_max=args.n_draft_max,
             n_threads=args.threads, n_ctx=args.ctx_size,
             decoder_kwargs=dkw,
             warmup=not args.no_warmup, upstream=args.upstream, prompt_lookup=args.prompt_lookup,
-            progress=not args.no_progress, adaptive=args.spec_draft_adaptive == "on",
+            progress=not args.no_progress, adaptive=args.adaptive, sampling=sp, generate_kwargs=gen,
         )
         failed = []
     except ComparisonFailed as e:

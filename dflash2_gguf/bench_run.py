@@ -8,6 +8,7 @@ side-by-side runs through :mod:`.bench_compare`.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from typing import Optional
@@ -31,6 +32,16 @@ class ComparisonFailed(RuntimeError):
         self.errors = list(errors)
 
 
+def _base_sampling(sampling, temperature: float, seed: int):
+    """The base :class:`SamplingParams` of a run: ``sampling`` (its seed None -> ``seed``), else
+    temperature-only sampling (top-k / top-p / min-p off) at ``temperature``."""
+    from .sampling import SamplingParams
+
+    if sampling is None:
+        return SamplingParams(temperature=float(temperature), top_k=0, top_p=1.0, min_p=0.0, seed=int(seed))
+    return sampling if sampling.seed is not None else dataclasses.replace(sampling, seed=int(seed))
+
+
 def run_bench(
     target: str,
     drafter: str,
@@ -50,6 +61,8 @@ def run_bench(
     prompt_lookup: bool = False,
     progress: bool = True,
     adaptive: bool = True,
+    sampling=None,
+    generate_kwargs: Optional[dict] = None,
 ) -> dict:
     """Run the benchmark and return the report (a JSON-ready dict); write files into ``out``.
 
@@ -79,6 +92,11 @@ def run_bench(
         progress: tqdm bar on stderr.
         adaptive: The drafter runs with the adaptive draft length (``generate(adaptive=...)``;
             False: always ``n_draft_max`` drafts). The cost model in use goes into the report.
+        sampling: A :class:`~dflash2_gguf.sampling.SamplingParams` to sample with instead of
+            ``temperature`` alone (``bench``'s sampling flags); its seed (None: ``seed``) is the
+            base seed, request ``i`` uses base + i.
+        generate_kwargs: More :meth:`~dflash2_gguf.api.DFlashDecoder.generate` keywords for both
+            runs (``p_min``, ``n_draft_min``, ``ignore_eos``: ``bench``'s draft and limit flags).
 
     Raises:
         ComparisonUnavailable: a requested comparison cannot run (checked before anything loads).
@@ -96,10 +114,11 @@ def run_bench(
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
 
+    base_sp = _base_sampling(sampling, temperature, seed)
+    temperature, seed = base_sp.temperature, base_sp.seed
+
     def sp(i: int) -> SamplingParams:
-        if temperature == 0:
-            return SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=seed + i)
-        return SamplingParams(temperature=float(temperature), top_k=0, top_p=1.0, min_p=0.0, seed=seed + i)
+        return dataclasses.replace(base_sp, seed=seed + i)
 
     kw = dict(n_ctx=n_ctx, n_threads=n_threads)
     kw.update(decoder_kwargs or {})
@@ -112,7 +131,8 @@ def run_bench(
         block = dec.block_size
         nmax = block - 1 if n_draft_max is None else int(n_draft_max)
         # cache_prompt=False: a cold prefill per run (why: the docstring)
-        gen = dict(max_tokens=max_new_tokens, n_draft_max=n_draft_max, adaptive=adaptive, cache_prompt=False)
+        gen = dict(generate_kwargs or {})
+        gen.update(max_tokens=max_new_tokens, n_draft_max=n_draft_max, adaptive=adaptive, cache_prompt=False)
         if warmup:
             msgs = [{"role": "user", "content": prompts[0][0]}]
             for use in (False, True):
@@ -185,6 +205,7 @@ def run_sweep(
     n_ctx: int = 4096,
     decoder_kwargs: Optional[dict] = None,
     progress: bool = True,
+    sampling=None,
 ) -> dict:
     """Tokens/s of every draft-length policy on the same requests, in one run (issue 14): the
     target alone, every fixed k = 1..n_max (k = n_max is the fixed full block) and the adaptive
@@ -212,8 +233,9 @@ def run_sweep(
         costs beyond the target's passes).
     """
     from .api import DFlashDecoder
-    from .sampling import SamplingParams
 
+    base_sp = _base_sampling(sampling, temperature, seed)
+    temperature, seed = base_sp.temperature, base_sp.seed
     prompts = [t[0] for t in load_prompts(dataset, n_prompts)]
     kw = dict(n_ctx=n_ctx, n_threads=n_threads)
     kw.update(decoder_kwargs or {})
@@ -242,7 +264,7 @@ def run_sweep(
             ids = chat_prompt_ids(dec, [{"role": "user", "content": q}])
             if len(ids) + max_new_tokens + dec.block_size + 1 > n_ctx:
                 continue
-            sp = SamplingParams(temperature=float(temperature), top_k=0, top_p=1.0, min_p=0.0, seed=seed + i)
+            sp = dataclasses.replace(base_sp, seed=seed + i)
             tokens = {}
             for name, extra in (abba + configs[1:-1] if i % 2 == 0 else baab + configs[-2:0:-1]):
                 r = dec.generate(ids, max_tokens=max_new_tokens, sampling=sp, cache_prompt=False, **extra)

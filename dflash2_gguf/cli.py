@@ -30,27 +30,24 @@ __all__ = ["main", "SUBCOMMANDS", "build_parser", "add_model_args", "add_samplin
 def _generate_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     p.add_argument("-p", "--prompt", required=True, help="prompt text (the user message with --chat)")
-    p.add_argument("-n", "--n-predict", type=int, default=128, help="maximum new tokens")
-    add_sampling_args(p)
-    p.add_argument("--spec-draft-adaptive", choices=("on", "off"), default="on",
-                   help="choose the drafts verified per cycle from a measured cost model and the drafter's "
-                        "confidence (default on); off: always --spec-draft-n-max")
-    p.add_argument("--spec-draft-n-max", type=int, default=None,
-                   help="drafts verified per cycle (default: block size - 1; the full block is always drafted)")
-    p.add_argument("--spec-draft-p-min", type=float, default=0.0, help="stop reading drafts below this probability")
-    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-generation tokens")
+    add_sampling_args(p, "generate")  # sampling, limits, draft settings: dflash2_gguf/params.py
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the GGUF's chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
 
 
 def _generate_run(args: argparse.Namespace) -> int:
-    if args.n_predict < 1:
+    from .params import sampling_from_values, select, values_from_args
+
+    if args.max_tokens < 1:
         raise SystemExit("error: -n must be >= 1")
-    sp = sampling_from_args(args)
-    kw = dict(max_tokens=args.n_predict, sampling=sp, stop=args.stop, n_draft_max=args.spec_draft_n_max,
-              adaptive=args.spec_draft_adaptive == "on",
-              p_min=args.spec_draft_p_min, ignore_eos=args.ignore_eos)
+    try:
+        vals = values_from_args(args, "generate")
+        sp = sampling_from_values(vals)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from e
+    sampling_names = {p.name for p in select(group="sampling")}
+    kw = {k: v for k, v in vals.items() if k not in sampling_names}
+    kw["sampling"] = sp
     if args.chat:
         kw["messages"] = [{"role": "user", "content": args.prompt}]
         prompt = None
@@ -189,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_, add_args, run) in SUBCOMMANDS.items():
         # Delegating subcommands hand every argument, --help included, to the delegate.
-        p = sub.add_parser(name, help=help_, description=help_, add_help=add_args is not _passthrough_args)
+        p = sub.add_parser(name, help=help_, description=help_, add_help=add_args is not _passthrough_args,
+                           allow_abbrev=False)
         add_args(p)
         p.set_defaults(_run=run)
     return ap
@@ -203,6 +201,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # argparse's REMAINDER cannot capture a leading "--help": hand the raw arguments over.
         args = argparse.Namespace(command=argv[0], rest=argv[1:], _run=SUBCOMMANDS[argv[0]][2])
     else:
+        if argv and argv[0] == "serve":  # llama-server's LLAMA_ARG_* variables and --foo_bar spellings
+            from .server.__main__ import prepare_argv
+
+            try:
+                argv = ["serve", *prepare_argv(argv[1:])]
+            except ValueError as e:
+                print(f"dflash2-gguf serve: error: {e}", file=sys.stderr)
+                return 2
         args = parser.parse_args(argv)
     try:
         return int(args._run(args) or 0)

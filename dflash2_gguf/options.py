@@ -1,14 +1,14 @@
 """Flags shared by the subcommands (``generate``, ``bench``, ``serve``) and what they map to.
 
-A leaf module: it imports nothing of this package at import time, and only :mod:`.sampling` and
-:mod:`.grammar` (and :mod:`.api` in :func:`open_decoder`) when a helper runs, so
+A leaf module: it imports nothing of this package at import time, and only :mod:`.params`,
+:mod:`.sampling` and :mod:`.grammar` (and :mod:`.api` in :func:`open_decoder`) when a helper runs, so
 :mod:`dflash2_gguf.cli`, :mod:`dflash2_gguf.bench` and :mod:`dflash2_gguf.server.__main__` all
 import it without importing one another (``cli`` dispatches to them; nothing imports ``cli``).
 
 - :func:`add_model_args` / :func:`decoder_kwargs` / :func:`open_decoder`: model and context
   flags in llama.cpp's spellings -> :class:`~dflash2_gguf.api.DFlashDecoder` keywords;
-- :func:`add_sampling_args` / :func:`sampling_from_args` / :func:`parse_logit_bias`: every
-  :class:`~dflash2_gguf.sampling.SamplingParams` field under llama.cpp's flag name;
+- :func:`add_sampling_args` / :func:`sampling_from_args` / :func:`parse_logit_bias`: the flags
+  of the generation parameters (:mod:`dflash2_gguf.params`, the one table of them);
 - :data:`FLASH_ATTN`: the ``-fa`` words (the parser, the decoder keywords and bench's report).
 """
 
@@ -23,95 +23,82 @@ __all__ = ["FLASH_ATTN", "add_model_args", "add_sampling_args", "sampling_from_a
 FLASH_ATTN = {"on": True, "off": False, "auto": None}
 
 
+def _gpu_layers(v: str) -> int:
+    """``-ngl`` / ``-ngld``: a number, or llama.cpp's ``all`` / ``auto`` (-1 = every layer)."""
+    if str(v).strip().lower() in ("all", "auto"):
+        return -1
+    try:
+        return int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of layers, 'all' or 'auto', got {v!r}") from None
+
+
+def _fa_word(v: str) -> str:
+    """``-fa``: llama.cpp's words (``on``/``enabled``/``true``/``1``, ``off``/``disabled``/
+    ``false``/``0``, ``auto``/``-1``) -> a key of :data:`FLASH_ATTN`."""
+    s = str(v).strip().lower()
+    for word, forms in (("on", ("on", "enabled", "true", "1")), ("off", ("off", "disabled", "false", "0")),
+                        ("auto", ("auto", "-1"))):
+        if s in forms:
+            return word
+    raise argparse.ArgumentTypeError(f"expected on, off or auto, got {v!r}")
+
+
 def add_model_args(p: argparse.ArgumentParser, *, drafter_required: bool = True) -> None:
-    """``-m/-md/-c/-cd/-t/-td/-ngl/-ngld/-fa/-nr`` (model and context flags shared by subcommands)."""
+    """``-m/-md/-c/-cd/-t/-td/-ngl/-ngld/-fa/-nr/-v`` (model and context flags shared by
+    subcommands), each with every spelling llama.cpp 0c1e570 has for it (common/arg.cpp;
+    tests/test_params.py checks them against server/llama_server_options.json)."""
     p.add_argument("-m", "--model", required=True, help="target model GGUF")
-    p.add_argument("-md", "--model-draft", required=drafter_required, default=None,
+    p.add_argument("-md", "--model-draft", "--spec-draft-model", required=drafter_required, default=None,
                    help="dflash drafter GGUF, or 'none' for the target alone")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="target context size (tokens)")
     p.add_argument("-cd", "--ctx-size-draft", type=int, default=None, help="drafter context size")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
-    p.add_argument("-td", "--threads-draft", type=int, default=None, help="drafter CPU threads")
-    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="target layers on GPU (-1 = all)")
-    p.add_argument("-ngld", "--n-gpu-layers-draft", type=int, default=None, help="drafter layers on GPU")
-    p.add_argument("-fa", "--flash-attn", choices=tuple(FLASH_ATTN), default="auto",
+    p.add_argument("-td", "--threads-draft", "--spec-draft-threads", type=int, default=None,
+                   help="drafter CPU threads")
+    p.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", type=_gpu_layers, default=0,
+                   help="target layers on GPU (-1 or all = all)")
+    p.add_argument("-ngld", "--n-gpu-layers-draft", "--gpu-layers-draft", "--spec-draft-ngl", type=_gpu_layers,
+                   default=None, help="drafter layers on GPU")
+    p.add_argument("-fa", "--flash-attn", type=_fa_word, default="auto", metavar="on|off|auto",
                    help="flash attention, both models (default: llama.cpp's auto)")
-    p.add_argument("-nr", "--no-repack", action="store_true", help="disable CPU weight repacking, both models")
+    p.add_argument("-nr", "--no-repack", dest="no_repack", action="store_true",
+                   help="disable CPU weight repacking, both models")
+    p.add_argument("--repack", dest="no_repack", action="store_false", help="CPU weight repacking (default)")
     p.add_argument("--capture", choices=("auto", "layer_inp", "cb_eval"), default="auto",
                    help="target feature capture path (default: from the target architecture)")
-    p.add_argument("-v", "--verbose", action="store_true", help="print llama.cpp's log to stderr")
+    p.add_argument("-v", "--verbose", "--log-verbose", dest="verbose", action="store_true",
+                   help="print llama.cpp's log to stderr")
 
 
-def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    """Every :class:`~dflash2_gguf.sampling.SamplingParams` option under llama.cpp's flag names:
-    the scalar ones from the fields' metadata (one place to add a knob), plus ``-l/--logit-bias``,
-    ``--grammar``, ``--grammar-file``, ``-j/--json-schema`` and ``-jf/--json-schema-file``.
-    Defaults: the dataclass's (llama-cpp-python's)."""
-    import dataclasses
+def add_sampling_args(p: argparse.ArgumentParser, command: str = "generate", **kw) -> None:
+    """The flags of every generation parameter that ``command`` has, from the table
+    (:func:`dflash2_gguf.params.add_arguments`: llama.cpp's spellings, dest = the parameter's
+    name, e.g. ``--temp`` -> ``args.temperature``)."""
+    from .params import add_arguments
 
-    from .sampling import SamplingParams
-
-    for f in dataclasses.fields(SamplingParams):
-        meta = f.metadata
-        if "flag" in meta:
-            typ = float if f.type in ("float", float) else int
-            p.add_argument(meta["flag"], dest=meta["flag"].lstrip("-").replace("-", "_"), type=typ,
-                           default=f.default, help=f"{meta['help']} (default: {f.default})")
-    p.add_argument("-l", "--logit-bias", action="append", default=None, metavar="TOKEN_ID(+/-)BIAS",
-                   help="add BIAS to the logit of TOKEN_ID, e.g. '15043+1' or '15043-inf' (repeatable)")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--grammar", default=None, help="GBNF grammar the output must follow (root rule 'root')")
-    g.add_argument("--grammar-file", default=None, help="file with a GBNF grammar")
-    g.add_argument("-j", "--json-schema", default=None, help="JSON schema the output must follow (e.g. '{}' = any JSON)")
-    g.add_argument("-jf", "--json-schema-file", default=None, help="file with a JSON schema")
+    add_arguments(p, command, **kw)
 
 
 def parse_logit_bias(items) -> dict:
-    """llama.cpp's ``-l TOKEN_ID(+/-)BIAS`` strings -> ``{token id: bias}`` (``-inf`` bans).
+    """llama.cpp's ``-l TOKEN_ID(+/-)BIAS`` strings -> ``{token id: bias}`` (``-inf`` bans);
+    see :func:`dflash2_gguf.params.parse_logit_bias`."""
+    from .params import parse_logit_bias as parse
 
-    Raises:
-        ValueError: an item that is not of that form (the message shows the expected one).
-    """
-    import re
-
-    out = {}
-    for it in items or []:
-        m = re.fullmatch(r"\s*(\d+)\s*([+-])\s*(inf|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)\s*", str(it))
-        if not m:
-            raise ValueError(f"logit bias {it!r}: expected TOKEN_ID(+/-)BIAS, e.g. 15043+1 or 15043-inf")
-        v = float(m.group(3))
-        out[int(m.group(1))] = -v if m.group(2) == "-" else v
-    return out
+    return parse(items)
 
 
-def sampling_from_args(args: argparse.Namespace):
+def sampling_from_args(args: argparse.Namespace, command: str = "generate"):
     """The :class:`~dflash2_gguf.sampling.SamplingParams` of :func:`add_sampling_args` flags.
 
     Raises:
-        SystemExit: an unreadable grammar / schema file, a bad logit bias or schema.
+        SystemExit: an unreadable grammar / schema file, a bad logit bias, schema or value.
     """
-    import dataclasses
+    from .params import sampling_from_values, values_from_args
 
-    from .grammar import json_schema_to_grammar
-    from .sampling import SamplingParams
-
-    kw = {}
-    for f in dataclasses.fields(SamplingParams):
-        if "flag" in f.metadata:
-            kw[f.name] = getattr(args, f.metadata["flag"].lstrip("-").replace("-", "_"))
     try:
-        kw["logit_bias"] = parse_logit_bias(args.logit_bias) or None
-        if args.grammar_file:
-            kw["grammar"] = open(args.grammar_file, encoding="utf-8").read()
-        elif args.grammar:
-            kw["grammar"] = args.grammar
-        schema = args.json_schema
-        if args.json_schema_file:
-            schema = open(args.json_schema_file, encoding="utf-8").read()
-        if schema is not None:
-            kw["grammar"] = json_schema_to_grammar(schema)
-        return SamplingParams(**kw)
-    except (OSError, ValueError) as e:
+        return sampling_from_values(values_from_args(args, command))
+    except ValueError as e:
         raise SystemExit(f"error: {e}") from e
 
 

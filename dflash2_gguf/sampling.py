@@ -22,28 +22,28 @@ parameters as the target.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import numpy as np
+
+from .params import PARAMS, table_fields
 
 __all__ = ["SamplingParams", "apply_penalties", "processed_probs", "rejection_step", "residual"]
 
 
-def _flag(flag: str, help: str) -> dict:
-    """Field metadata: the llama.cpp command-line flag of a scalar option (the CLI reads it)."""
-    return {"flag": flag, "help": help}
-
-
 @dataclass(frozen=True)
+@table_fields(group="sampling")
 class SamplingParams:
     """Every sampling option of a generation, with its default; the one type that flows from the
-    API, CLI and server to the native driver (``native/sampling.h``, ``SamplingOptions``: the same
-    field names, listed once in ``DFLASH2_SAMPLING_FIELDS``). Adding an option: a field here, a
-    line there, and its use in ``native/sampling.cpp``.
+    API, CLI and server to the native driver (``native/sampling.h``, ``SamplingOptions``).
+
+    The fields come from the ``group="sampling"`` entries of :data:`dflash2_gguf.params.PARAMS`
+    (type, default, flags, request fields, native field: declared there once). Adding an option:
+    an entry there, a line in ``DFLASH2_SAMPLING_FIELDS`` (native/sampling.h) and its use in
+    ``native/sampling.cpp``; its range check, if any, below.
 
     Defaults are llama-cpp-python's ``create_completion`` ones (llama-server's where it has no
     such option). The processed distribution applies, in llama.cpp's order
@@ -75,21 +75,6 @@ class SamplingParams:
             grammar, before truncation and temperature (what llama-server's ``n_probs`` reports
             by default).
     """
-
-    temperature: float = field(default=0.8, metadata=_flag("--temp", "temperature (0 = greedy)"))
-    top_k: int = field(default=40, metadata=_flag("--top-k", "top-k (0 = off)"))
-    top_p: float = field(default=0.95, metadata=_flag("--top-p", "top-p (1 = off)"))
-    min_p: float = field(default=0.05, metadata=_flag("--min-p", "min-p (0 = off)"))
-    seed: Optional[int] = field(default=None, metadata=_flag("--seed", "RNG seed (default: random)"))
-    repeat_penalty: float = field(default=1.0, metadata=_flag("--repeat-penalty", "repetition penalty (1 = off)"))
-    repeat_last_n: int = field(default=64, metadata=_flag("--repeat-last-n",
-                                                          "penalty window in tokens (0 = off, -1 = context size)"))
-    presence_penalty: float = field(default=0.0, metadata=_flag("--presence-penalty", "presence penalty (0 = off)"))
-    frequency_penalty: float = field(default=0.0, metadata=_flag("--frequency-penalty", "frequency penalty (0 = off)"))
-    penalize_prompt: bool = True
-    logit_bias: Optional[Mapping[int, float]] = None
-    grammar: Optional[str] = None
-    n_probs: int = field(default=0, metadata=_flag("--n-probs", "report logprobs of the N most likely tokens"))
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0):
@@ -128,25 +113,28 @@ class SamplingParams:
         return cls(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0)
 
     def to_native(self, options_type: Any) -> Any:
-        """The native ``SamplingOptions`` with every field set (``seed=None`` drawn here).
+        """The native ``SamplingOptions`` with every field set, each under its table entry's
+        native name (``seed=None`` drawn here).
 
         Raises:
             TypeError: the native type lacks a field of this class (extension out of date:
                 rebuild it with ``pip install --no-build-isolation -e .``).
         """
         o = options_type()
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if f.name == "seed" and v is None:
+        for p in PARAMS:
+            if p.group != "sampling":
+                continue
+            v = getattr(self, p.name)
+            if p.name == "seed" and v is None:
                 v = int.from_bytes(os.urandom(8), "little")
-            elif f.name == "logit_bias":
+            elif p.name == "logit_bias":
                 v = [(int(t), float(b)) for t, b in (v or {}).items()]
-            elif f.name == "grammar":
+            elif p.name == "grammar":
                 v = v or ""
-            if not hasattr(o, f.name):
-                raise TypeError(f"the native extension has no sampling option {f.name!r}: rebuild it "
+            if not hasattr(o, p.native_field):
+                raise TypeError(f"the native extension has no sampling option {p.native_field!r}: rebuild it "
                                 "(pip install --no-build-isolation -e .)")
-            setattr(o, f.name, v)
+            setattr(o, p.native_field, v)
         return o
 
 

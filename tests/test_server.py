@@ -79,7 +79,7 @@ def live(smollm2_gguf, drafter):
     # a fixed draft length: these tests check the server's plumbing of drafting statistics, which a
     # random drafter under the adaptive policy (tests/test_draft_policy.py) may rightly never use
     s = ServerSettings(model=str(smollm2_gguf), model_draft=drafter, n_ctx=N_CTX, n_threads=1, alias="smol",
-                       spec_adaptive=False)
+                       adaptive=False)
     with LiveServer(s) as srv:
         yield srv
 
@@ -334,7 +334,7 @@ class _FakeDecoder:
     def detokenize(self, tokens, special=False):
         return "".join(chr(t) for t in tokens)
 
-    def apply_chat_template(self, messages, add_generation_prompt=True):
+    def apply_chat_template(self, messages, add_generation_prompt=True, **kw):
         text = "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
 
@@ -691,7 +691,7 @@ def test_serve_llama_server_flags(tmp_path):
                                    "--host", "127.0.0.1,::1", "--offline", "--no-slots", "--metrics",
                                    "--no-context-shift", "-c", "0"])
     s = settings_from_args(a)
-    assert (s.temperature, s.seed, s.n_predict, s.n_slots, s.jinja, s.chat_template) == \
+    assert (s.temperature, s.seed, s.max_tokens, s.n_slots, s.jinja, s.chat_template) == \
         (0.2, 7, 33, 3, False, "{{ messages }}")
     assert (s.n_draft_min, s.cors_origins, s.aliases, s.tag_list, s.endpoint_slots) == \
         (2, "localhost", ["a", "b"], ["x"], False)
@@ -779,3 +779,25 @@ def test_structured_output_parse_with_pydantic(client):
                                       response_format=Person, max_tokens=64, temperature=0)
     p = r.choices[0].message.parsed
     assert isinstance(p, Person) and p.name and r.choices[0].finish_reason == "stop"
+
+
+def test_serve_presence_penalty_flag_changes_outputs(smollm2_gguf, reference):
+    """``serve --presence-penalty 1.5`` (issue 44): a request that sets no penalty is penalised
+    (its greedy text departs from the target's plain greedy text), and one that sends
+    ``presence_penalty: 0`` is not (the request's value wins)."""
+    from dflash2_gguf.cli import build_parser
+    from dflash2_gguf.server.__main__ import settings_from_args
+
+    args = build_parser().parse_args(["serve", "-m", str(smollm2_gguf), "-c", str(N_CTX), "-t", "1",
+                                      "--presence-penalty", "1.5", "--temp", "0", "-a", "smol"])
+    s = settings_from_args(args)
+    assert s.presence_penalty == 1.5 and s.temperature == 0.0
+    prompt = PROMPTS[0]  # "The capital of France is": the penalty turns the greedy text after " Paris."
+    with LiveServer(s) as srv:
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 16}, timeout=300).json()
+        assert r["choices"][0]["text"] != reference(prompt)
+        props = httpx.get(srv.url + "/props", timeout=30).json()["default_generation_settings"]["params"]
+        assert props["presence_penalty"] == 1.5
+        r0 = httpx.post(srv.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 16, "presence_penalty": 0},
+                        timeout=300).json()
+        assert r0["choices"][0]["text"] == reference(prompt)

@@ -1,33 +1,44 @@
 """``dflash2-gguf serve`` / ``python -m dflash2_gguf.server``: flags and the uvicorn entry.
 
-Flags are llama-server's names and defaults (tools/server/README.md at llama.cpp 0c1e570)::
+Flags are llama-server's names and defaults (tools/server/README.md and common/arg.cpp at
+llama.cpp 0c1e570), every spelling of each; a llama-server command line starts this server::
 
     dflash2-gguf serve -m TARGET.gguf -md DRAFT.gguf --spec-type draft-dflash --spec-draft-n-max 7
     dflash2-gguf serve -m TARGET.gguf                     # target alone (= --spec-type none)
+    LLAMA_ARG_MODEL=TARGET.gguf LLAMA_ARG_PORT=9000 dflash2-gguf serve -b 512 -ctk q8_0 --mlock ...
 
 - Model and context: ``-m``, ``-md``, ``-c`` (not given: the GGUF's training context capped by
   memory, see :mod:`.context`; ``-c 0``: the training context; ``-c N``: N tokens per slot),
   ``-cd``, ``-t``, ``-td``, ``-ngl``, ``-ngld``, ``-fa``, ``-nr``, ``-v`` (llama.cpp's log and
   llama-server's ``__verbose`` in responses).
-- Speculative: ``--spec-type none|draft-dflash`` (default: draft-dflash with ``-md``, else none),
-  ``--spec-draft-n-max``, ``--spec-draft-n-min`` (a floor under the adaptive choice), ``--spec-draft-adaptive on|off``,
-  ``--spec-draft-p-min``.
-- Request defaults: ``--temp``, ``--top-k``, ``--top-p``, ``--min-p``, ``-s/--seed`` (-1 =
-  random), ``-n/--predict/--n-predict`` (-1 = until end of generation or a full context).
+- Request defaults: every generation parameter of :data:`dflash2_gguf.params.PARAMS` that
+  ``serve`` has, under llama.cpp's flags: ``--temp``, ``--top-k``, ``--top-p``, ``--min-p``,
+  ``-s/--seed`` (-1 = random), ``--repeat-penalty``, ``--repeat-last-n``, ``--presence-penalty``,
+  ``--frequency-penalty``, ``-l/--logit-bias``, ``--grammar`` / ``--grammar-file`` / ``-j`` /
+  ``-jf``, ``-n/--predict`` (-1 = until end of generation or a full context), ``--ignore-eos``,
+  ``--spec-draft-n-max``, ``--spec-draft-n-min``, ``--spec-draft-p-min``, ``--spec-draft-adaptive
+  on|off``. A request's own value wins.
+- Speculative: ``--spec-type none|draft-dflash`` (default: draft-dflash with ``-md``, else none;
+  llama.cpp's other types are not available here: a warning, the run is unchanged).
 - Slots: ``-np/--parallel N`` (llama-server's -1 = auto is 4 slots there; here auto = 1, as each
   slot loads its own decoder, see :mod:`.worker`); ``--slots/--no-slots`` (``GET /slots``).
-- Chat: ``--jinja`` (default) / ``--no-jinja``, ``--chat-template TEXT``, ``--chat-template-file F``.
+- Chat: ``--jinja`` (default) / ``--no-jinja``, ``--chat-template TEXT``, ``--chat-template-file F``,
+  ``--chat-template-kwargs JSON``, ``--reasoning-effort LEVEL``.
 - Reasoning: ``--reasoning-format none|auto|deepseek|deepseek-legacy`` (default auto: ``<think>``
   text goes to ``reasoning_content``), ``-rea/--reasoning on|off|auto`` (``enable_thinking`` given to
   the chat template; auto = the template's default).
 - HTTP: ``--host`` (comma list of addresses, or UNIX socket paths ending in ``.sock``),
-  ``--port``, ``--api-key`` (comma list) / ``--api-key-file``, ``--alias`` (comma list: the first
-  is the model id), ``--tags``, ``--cors-origins`` / ``--cors-methods`` / ``--cors-headers`` /
-  ``--cors-credentials`` / ``--no-cors-credentials``, ``--metrics`` (accepted: ``/metrics`` is
-  always on), ``--offline`` (accepted: serve never downloads).
+  ``--port``, ``--api-key`` (comma list) / ``--api-key-file``, ``--ssl-key-file`` /
+  ``--ssl-cert-file`` (HTTPS), ``--alias`` (comma list: the first is the model id), ``--tags``,
+  ``--cors-origins`` / ``--cors-methods`` / ``--cors-headers`` / ``--cors-credentials`` /
+  ``--no-cors-credentials``, ``--metrics`` (accepted: ``/metrics`` is always on), ``--offline``
+  (accepted: serve never downloads).
 - ``--context-shift``: refused with an error (the driver cannot shift its context; a full
   context ends the generation with ``finish_reason`` "length", llama-server's behaviour with the
   default ``--no-context-shift``).
+- Every other llama-server option, and every ``LLAMA_ARG_*`` variable (the command line wins),
+  is accepted: see :mod:`.llama_args` (a warning line for an option without effect here, an
+  error for one that would change results).
 """
 
 from __future__ import annotations
@@ -39,69 +50,91 @@ import socket
 import sys
 from typing import Optional, Sequence
 
-__all__ = ["add_arguments", "settings_from_args", "run", "main", "bind_sockets"]
+__all__ = ["add_arguments", "prepare_argv", "settings_from_args", "run", "main", "bind_sockets"]
 
 SPEC_TYPES = ("none", "draft-dflash")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the ``serve`` flags to ``p`` (model flags shared with ``generate``)."""
+    """Add the ``serve`` flags to ``p``: the model flags shared with ``generate``, the generation
+    parameters of :data:`dflash2_gguf.params.PARAMS` (request defaults), the server's own, then
+    every other llama-server option (:func:`.llama_args.add_remaining`). Every option has all of
+    llama.cpp's spellings; build ``p`` with ``allow_abbrev=False`` (``-tb 2`` is llama-server's
+    ``--threads-batch``, never ``-t b``)."""
     from ..options import add_model_args, add_sampling_args
+    from .llama_args import add_remaining, negations, spellings
 
     add_model_args(p, drafter_required=False)
     p.set_defaults(ctx_size=None)  # serve: the training context capped by memory (server/context.py)
-    add_sampling_args(p)
-    p.set_defaults(seed=-1)
-    p.add_argument("-s", dest="seed", type=int, help="RNG seed (-1 = random; same as --seed)")
-    p.add_argument("-n", "--predict", "--n-predict", dest="n_predict", type=int, default=-1,
-                   help="default tokens to predict per request (-1 = until end of generation or a full context)")
-    p.add_argument("--spec-type", choices=SPEC_TYPES, default=None,
+    add_sampling_args(p, "serve")
+    p.add_argument(*spellings("--spec-type"), default=None, metavar="none|draft-dflash",
                    help="speculative decoding type (default: draft-dflash with -md, else none)")
-    p.add_argument("--spec-draft-n-max", type=int, default=None,
-                   help="drafts verified per cycle (default: block size - 1)")
-    p.add_argument("--spec-draft-adaptive", choices=("on", "off"), default="on",
-                   help="choose the drafts verified per cycle from a measured cost model and the drafter's "
-                        "confidence (default on); off: always --spec-draft-n-max")
-    p.add_argument("--spec-draft-n-min", type=int, default=0,
-                   help="when the drafter runs, verify at least this many drafts (a floor under the adaptive choice)")
-    p.add_argument("--spec-draft-p-min", type=float, default=0.0, help="stop reading drafts below this probability")
-    p.add_argument("-np", "--parallel", type=int, default=-1,
+    p.add_argument(*spellings("-np"), dest="parallel", type=int, default=-1,
                    help="slots (each loads its own decoder; -1 = auto = 1)")
-    p.add_argument("--slots", dest="slots", action="store_true", default=True, help="serve GET /slots (default)")
-    p.add_argument("--no-slots", dest="slots", action="store_false", help="GET /slots answers 501")
-    p.add_argument("--jinja", dest="jinja", action="store_true", default=True,
+    p.add_argument(*spellings("--slots"), dest="slots", action="store_true", default=True, help="serve GET /slots (default)")
+    p.add_argument(*negations("--slots"), dest="slots", action="store_false", help="GET /slots answers 501")
+    p.add_argument(*spellings("--jinja"), dest="jinja", action="store_true", default=True,
                    help="render chats with the Jinja template (default)")
-    p.add_argument("--no-jinja", dest="jinja", action="store_false", help="libllama's built-in templates only")
-    p.add_argument("--chat-template", default=None, help="chat template text (default: the GGUF's)")
-    p.add_argument("--chat-template-file", default=None, help="file with the chat template (default: the GGUF's)")
-    p.add_argument("--reasoning-format", default="auto", choices=("none", "auto", "deepseek", "deepseek-legacy"),
+    p.add_argument(*negations("--jinja"), dest="jinja", action="store_false", help="libllama's built-in templates only")
+    p.add_argument(*spellings("--chat-template"), default=None, help="chat template text (default: the GGUF's)")
+    p.add_argument(*spellings("--chat-template-file"), default=None,
+                   help="file with the chat template (default: the GGUF's)")
+    p.add_argument(*spellings("--chat-template-kwargs"), default=None, metavar="JSON",
+                   help="template variables of every chat, a JSON object (a request's chat_template_kwargs "
+                        "override them), e.g. '{\"enable_thinking\": false}'")
+    p.add_argument(*spellings("--reasoning-format"), default="auto", choices=("none", "auto", "deepseek", "deepseek-legacy"),
                    help="where thoughts go: none = left in content; deepseek / auto = reasoning_content; "
                         "deepseek-legacy = both (default: auto)")
-    p.add_argument("-rea", "--reasoning", default="auto", choices=("on", "off", "auto"),
+    p.add_argument(*spellings("-rea"), dest="reasoning", default="auto", choices=("on", "off", "auto"),
                    help="enable_thinking for the chat template: on, off or auto (the template's default)")
-    p.add_argument("--context-shift", dest="context_shift", action="store_true", default=False,
+    p.add_argument(*spellings("--reasoning-effort"), default=None, metavar="LEVEL",
+                   help="reasoning_effort given to the chat template unless the request sets one")
+    p.add_argument(*spellings("--context-shift"), dest="context_shift", action="store_true", default=False,
                    help="not supported (refused); a full context ends the generation")
-    p.add_argument("--no-context-shift", dest="context_shift", action="store_false", help="the default")
-    p.add_argument("--host", default="127.0.0.1",
+    p.add_argument(*negations("--context-shift"), dest="context_shift", action="store_false", help="the default")
+    p.add_argument(*spellings("--host"), default="127.0.0.1",
                    help="listen addresses, comma-separated, or UNIX socket paths ending in .sock (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080, help="listen port (default 8080)")
-    p.add_argument("--api-key", default=os.environ.get("LLAMA_API_KEY"),
+    p.add_argument(*spellings("--port"), type=int, default=8080, help="listen port (default 8080)")
+    p.add_argument(*spellings("--api-key"), default=None,
                    help="required key(s), comma-separated: 'Authorization: Bearer KEY' (default: $LLAMA_API_KEY)")
-    p.add_argument("--api-key-file", default=None, help="file with API keys, one per line ('#' comments)")
-    p.add_argument("-a", "--alias", default=None,
+    p.add_argument(*spellings("--api-key-file"), default=None, help="file with API keys, one per line ('#' comments)")
+    p.add_argument(*spellings("--ssl-key-file"), default=None, help="PEM private key: serve HTTPS (with --ssl-cert-file)")
+    p.add_argument(*spellings("--ssl-cert-file"), default=None, help="PEM certificate: serve HTTPS (with --ssl-key-file)")
+    p.add_argument(*spellings("-a"), dest="alias", default=None,
                    help="model name aliases, comma-separated; the first is the model id (default: the file name)")
-    p.add_argument("--tags", default=None, help="model tags, comma-separated (informational)")
-    p.add_argument("--cors-origins", default="*",
+    p.add_argument(*spellings("--tags"), default=None, help="model tags, comma-separated (informational)")
+    p.add_argument(*spellings("--cors-origins"), default="*",
                    help="allowed CORS origins, comma-separated; '*' reflects any origin, 'localhost' local ones")
-    p.add_argument("--cors-methods", default="GET, POST, DELETE, OPTIONS", help="allowed CORS methods")
-    p.add_argument("--cors-headers", default="*", help="allowed CORS headers")
-    p.add_argument("--cors-credentials", dest="cors_credentials", action="store_true", default=True,
+    p.add_argument(*spellings("--cors-methods"), default="GET, POST, DELETE, OPTIONS", help="allowed CORS methods")
+    p.add_argument(*spellings("--cors-headers"), default="*", help="allowed CORS headers")
+    p.add_argument(*spellings("--cors-credentials"), dest="cors_credentials", action="store_true", default=True,
                    help="allow credentials (default)")
-    p.add_argument("--no-cors-credentials", dest="cors_credentials", action="store_false")
-    p.add_argument("--metrics", action="store_true", help="accepted: /metrics is always served")
-    p.add_argument("--offline", action="store_true", help="accepted: serve never downloads anything")
+    p.add_argument(*negations("--cors-credentials"), dest="cors_credentials", action="store_false")
+    p.add_argument(*spellings("--metrics"), action="store_true", help="accepted: /metrics is always served")
+    p.add_argument(*spellings("--offline"), action="store_true", help="accepted: serve never downloads anything")
+    have = p._option_string_actions  # noqa: SLF001 - argparse has no public accessor
+    missing = [f for f in spellings("-h") if f not in have]
+    if missing:
+        p.add_argument(*missing, action="help", help="show this help and exit")
+    if "--version" not in have:
+        from .. import __version__
+
+        p.add_argument("--version", action="version", version=f"dflash2-gguf {__version__} (llama.cpp 0c1e570)")
     p.add_argument("--queue-size", type=int, default=64, help="queued requests beyond this get 503")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    add_remaining(p)
+    p.epilog = ("Every other llama-server option (llama.cpp 0c1e570) and LLAMA_ARG_* variable is accepted: one "
+                "warning line names an option without effect here; one that would change results is refused "
+                "with the reason (dflash2_gguf/server/llama_args.py).")
+
+
+def prepare_argv(argv: Sequence[str], environ=None) -> list:
+    """The ``serve`` arguments as llama-server reads them: ``--foo_bar`` as ``--foo-bar``, and each
+    set ``LLAMA_ARG_*`` variable of an option not on the command line as that option
+    (:func:`.llama_args.argv_with_env`; the command line wins)."""
+    from .llama_args import argv_with_env
+
+    return argv_with_env(argv, environ)
 
 
 def _api_keys(args: argparse.Namespace) -> Optional[str]:
@@ -112,39 +145,70 @@ def _api_keys(args: argparse.Namespace) -> Optional[str]:
     return ",".join(keys) or None
 
 
-def settings_from_args(args: argparse.Namespace):
+def settings_from_args(args: argparse.Namespace, *, warn=None):
     """:class:`~dflash2_gguf.server.app.ServerSettings` from parsed ``serve`` flags.
 
+    Args:
+        args: From a parser built by :func:`add_arguments`.
+        warn: Called with each warning line (default: print to stderr): a llama-server option
+            given that has no effect here.
+
     Raises:
-        ValueError: a flag value this server refuses (``--context-shift``, bad ranges, both
-            template flags); FileNotFoundError: a model or template file is missing.
+        ValueError: a flag value this server refuses (``--context-shift``, an option that would
+            change results, bad ranges, both template flags, a bad generation parameter);
+            FileNotFoundError: a model or template file is missing.
     """
+    import json
+
     from ..options import decoder_kwargs
+    from ..params import sampling_from_values, values_from_args
     from .app import ServerSettings
     from .context import read_model_info, resolve_n_ctx
+    from .llama_args import check_remaining
 
+    warn = warn or (lambda line: print(f"dflash2-gguf serve: {line}", file=sys.stderr))
+    for line in check_remaining(args):
+        warn(line)
     md = args.model_draft
     if md is not None and str(md).lower() == "none":
         md = None
-    spec = args.spec_type or ("draft-dflash" if md else "none")
+    types = [t.strip() for t in (args.spec_type or "").split(",") if t.strip()]
+    unknown = [t for t in types if t not in SPEC_TYPES]
+    if unknown:
+        warn(f"warning: --spec-type {','.join(unknown)}: not available here (only draft-dflash): ignored")
+    spec = "draft-dflash" if "draft-dflash" in types else ("none" if types else ("draft-dflash" if md else "none"))
     if spec == "none":
         md = None
     elif md is None:
         raise ValueError("--spec-type draft-dflash needs -md DRAFT.gguf")
-    if args.spec_draft_n_max is not None and args.spec_draft_n_max < 0:
+    gen = values_from_args(args, "serve")
+    sampling_from_values(gen)  # a bad value fails here, naming the flag's parameter
+    if gen["n_draft_max"] is not None and gen["n_draft_max"] < 0:
         raise ValueError("--spec-draft-n-max must be >= 0")
-    if args.spec_draft_n_min < 0:
+    if gen["n_draft_min"] < 0:
         raise ValueError("--spec-draft-n-min must be >= 0")
+    if not 0.0 <= gen["p_min"] <= 1.0:
+        raise ValueError("--spec-draft-p-min must be in [0, 1]")
+    if gen["max_tokens"] < -1:
+        raise ValueError("-n must be >= -1")
     if args.context_shift:
         raise ValueError("--context-shift is not supported: the DFlash driver cannot shift its KV cache; a "
                          "generation that fills the context ends with finish_reason 'length' (use a larger -c)")
     n_slots = 1 if args.parallel in (-1, 0) else args.parallel
     if n_slots < 1:
         raise ValueError("-np/--parallel must be >= 1 (or -1 = auto)")
-    if args.n_predict < -1:
-        raise ValueError("-n must be >= -1")
     if args.chat_template and args.chat_template_file:
         raise ValueError("give --chat-template or --chat-template-file, not both")
+    if bool(args.ssl_key_file) != bool(args.ssl_cert_file):
+        raise ValueError("HTTPS needs both --ssl-key-file and --ssl-cert-file")
+    kwargs = None
+    if args.chat_template_kwargs:
+        try:
+            kwargs = json.loads(args.chat_template_kwargs)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--chat-template-kwargs must be a JSON object: {e}") from None
+        if not isinstance(kwargs, dict):
+            raise ValueError("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'")
     for p in (args.model, md):
         if p is not None and not os.path.isfile(p):
             raise FileNotFoundError(f"no such GGUF file: {p}")
@@ -155,14 +219,11 @@ def settings_from_args(args: argparse.Namespace):
     kw = decoder_kwargs(args)
     kw["n_ctx"] = resolve_n_ctx(args.ctx_size, read_model_info(args.model), n_slots)
     return ServerSettings(
-        model=args.model, model_draft=md, **kw, n_draft_max=args.spec_draft_n_max,
-        spec_adaptive=args.spec_draft_adaptive == "on",
-        n_draft_min=args.spec_draft_n_min, p_min=args.spec_draft_p_min, n_slots=n_slots,
-        temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-        seed=-1 if args.seed is None else args.seed, n_predict=args.n_predict,
+        model=args.model, model_draft=md, **kw, n_slots=n_slots, **gen,
         api_key=_api_keys(args), alias=args.alias, tags=args.tags, chat_template=template, jinja=args.jinja,
         reasoning_format=args.reasoning_format,
         enable_thinking={"on": True, "off": False}.get(args.reasoning),
+        chat_template_kwargs=kwargs, reasoning_effort=args.reasoning_effort,
         cors_origins=args.cors_origins, cors_methods=args.cors_methods, cors_headers=args.cors_headers,
         cors_credentials=args.cors_credentials, endpoint_slots=args.slots, max_queue=args.queue_size,
     )
@@ -212,7 +273,8 @@ def run(args: argparse.Namespace) -> int:
         settings.n_slots, args.host, args.port)
     app = create_app(settings)
     socks = bind_sockets(args.host, args.port)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5,
+                                           ssl_keyfile=args.ssl_key_file, ssl_certfile=args.ssl_cert_file))
     try:
         server.run(sockets=socks)
     finally:
@@ -223,10 +285,11 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m dflash2_gguf.server ...`` (same flags as ``dflash2-gguf serve``)."""
-    p = argparse.ArgumentParser(prog="dflash2-gguf serve", description="OpenAI-compatible server")
+    p = argparse.ArgumentParser(prog="dflash2-gguf serve", description="OpenAI-compatible server", allow_abbrev=False,
+                                add_help=False)
     add_arguments(p)
-    args = p.parse_args(argv)
     try:
+        args = p.parse_args(prepare_argv(sys.argv[1:] if argv is None else argv))
         return run(args)
     except (FileNotFoundError, ValueError, OSError) as e:
         print(f"dflash2-gguf serve: error: {e}", file=sys.stderr)

@@ -46,7 +46,6 @@ Context: a prompt of ``n_ctx`` tokens or more is a 400 ``exceed_context_size_err
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import logging
 import math
@@ -56,7 +55,7 @@ import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Optional, Sequence
+from typing import Any, AsyncIterator, Callable, Mapping, Optional, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -67,6 +66,7 @@ from .chat_output import ChatOutput, ToolPlan, finish_reason_for, plan_tools
 from .context import ModelInfo, read_model_info
 from .errors import APIError, error_body, error_response, from_exception, install_error_handlers, validation_error
 from .metrics import Metrics
+from ..params import PARAMS, table_fields
 from .types import (ApplyTemplateRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                     LlamaCompletionRequest, TokenizeRequest)
 from .worker import Job, Worker
@@ -102,6 +102,7 @@ def metrics_params(params: dict) -> dict:
 
 
 @dataclass(frozen=True)
+@table_fields(command="serve")
 class ServerSettings:
     """Everything the server needs; ``dflash2-gguf serve`` flags map onto these fields.
 
@@ -112,18 +113,18 @@ class ServerSettings:
             flash_attn / repack / capture: :class:`~dflash2_gguf.api.DFlashDecoder` keywords
             (``n_ctx`` per slot; ``serve`` resolves it with :mod:`.context`).
         verbose: ``-v``: llama.cpp's log, and llama-server's ``__verbose`` in responses.
-        n_draft_max: Default drafts verified per cycle (``--spec-draft-n-max``; None = block
-            size - 1); a request may lower it (``speculative.n_max``). The upper bound of the
-            adaptive draft length.
-        spec_adaptive: ``--spec-draft-adaptive on|off``: choose the drafts per cycle from the
-            measured cost model and the drafter's confidence (default), or always ``n_draft_max``.
-        n_draft_min: ``--spec-draft-n-min``: when the drafter runs, at least this many drafts are
-            verified (a floor under the adaptive choice); a request may set ``speculative.n_min``.
-        p_min: ``--spec-draft-p-min`` (a request may set its own ``speculative.p_min``).
         n_slots: ``--parallel``: slots (each loads its own decoder, see :mod:`.worker`).
-        temperature / top_k / top_p / min_p / seed / n_predict: request defaults (``--temp``,
-            ``--top-k``, ``--top-p``, ``--min-p``, ``--seed`` (-1 = random), ``-n`` (-1 = until
-            end of generation or a full context)).
+        chat_template_kwargs: ``--chat-template-kwargs``: template variables of every chat
+            request (a request's ``chat_template_kwargs`` override them).
+        reasoning_effort: ``--reasoning-effort``: given to the chat template unless the request
+            sets one (None: not given).
+        (generation parameters): one field per entry of :data:`dflash2_gguf.params.PARAMS` that
+            ``serve`` has (``temperature``, ``top_k``, ..., ``presence_penalty``, ``logit_bias``,
+            ``grammar``, ``max_tokens`` (-1 = until end of generation or a full context),
+            ``ignore_eos``, ``n_draft_max`` (the upper bound of a request's ``speculative.n_max``
+            and of the adaptive draft length), ``n_draft_min``, ``p_min``, ``adaptive``), with
+            the table's ``serve`` default: the request defaults, set by the same flags as
+            llama-server's (``--temp``, ``--presence-penalty``, ``-n`` ...).
         api_key: Required bearer token(s), comma-separated (None = no auth).
         alias: Model id(s) (``--alias a,b``): the first is the id; default: the target file name.
         tags: ``--tags`` (informational, in ``/v1/models``).
@@ -151,17 +152,7 @@ class ServerSettings:
     repack: bool = True
     capture: str = "auto"
     verbose: bool = False
-    n_draft_max: Optional[int] = None
-    spec_adaptive: bool = True
-    n_draft_min: int = 0
-    p_min: float = 0.0
     n_slots: int = 1
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    seed: int = -1
-    n_predict: int = -1
     api_key: Optional[str] = None
     alias: Optional[str] = None
     tags: Optional[str] = None
@@ -176,6 +167,8 @@ class ServerSettings:
     endpoint_slots: bool = True
     max_queue: int = 64
     poll_s: float = 0.5
+    chat_template_kwargs: Optional[Mapping[str, Any]] = None
+    reasoning_effort: Optional[str] = None
 
     @property
     def aliases(self) -> list:
@@ -198,10 +191,10 @@ class ServerSettings:
         a = self.aliases
         return a[0] if a else Path(self.model).name
 
-    def sampling_defaults(self) -> dict:
-        """The request defaults (``--temp`` ...) by request field name."""
-        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p,
-                "seed": self.seed}
+    def generation_defaults(self) -> dict:
+        """The request defaults (``--temp``, ``--presence-penalty``, ``-n`` ...): ``{table entry
+        name: value}`` for every generation parameter ``serve`` has."""
+        return {p.name: getattr(self, p.name) for p in PARAMS if "serve" in p.commands and p.group != "input"}
 
     def load_decoder(self) -> Any:
         """Build one slot's :class:`~dflash2_gguf.api.DFlashDecoder` (called in the slot's thread)."""
@@ -382,18 +375,8 @@ class _Service:
         self.worker = worker
         self.metrics = metrics
         self.info = info
-        self._gen_params: Optional[set] = None
 
     # ------------------------------------------------------------------ request -> jobs
-
-    def _generate_accepts(self, decoder: Any) -> set:
-        if self._gen_params is None:
-            try:
-                ps = inspect.signature(decoder.generate).parameters
-                self._gen_params = {"*"} if any(p.kind is p.VAR_KEYWORD for p in ps.values()) else set(ps)
-            except (TypeError, ValueError):  # pragma: no cover
-                self._gen_params = set()
-        return self._gen_params
 
     def check_n(self, body: Any) -> int:
         n = body.n_choices
@@ -413,9 +396,6 @@ class _Service:
         if schema is None:
             return None, None
         param = "json_schema" if body.json_schema is not None else "response_format"
-        if "grammar" not in compat.sampling_fields():
-            raise APIError(400, f"{param} (grammar-constrained output) is not supported by this build yet",
-                           "invalid_request_error", param, "not_supported")
         return compat.schema_grammar(schema), param
 
     def job_params(self, body: Any, n_predict: int) -> dict:
@@ -428,48 +408,45 @@ class _Service:
         defaults, which leave them off: a request may only send their neutral values
         (:mod:`.types`), so these are the effective settings. ``logit_bias`` and ``grammar`` are
         filled in by the slot when the request is prepared (the bias needs the vocabulary).
-        Ours on top: ``speculative.n_max`` / ``n_min`` / ``p_min``, the effective per-request
-        draft settings (llama-server takes them in a request but reports only
-        ``speculative.types``)."""
+        Ours on top: every other generation parameter of :data:`dflash2_gguf.params.PARAMS`
+        under its ``props`` key, e.g. ``speculative.n_max`` / ``n_min`` / ``p_min`` /
+        ``adaptive``, the effective per-request draft settings (llama-server takes them in a
+        request but reports only ``speculative.types``)."""
         s = self.settings
-        d = s.sampling_defaults()
-        spec = body.spec()
-
-        def pick(name):
-            v = getattr(body, name, None)
-            return d[name] if v is None else v
-
+        v = compat.resolve(body, s)
         fmt = getattr(body, "reasoning_format", None) or s.reasoning_format
         fmt = "deepseek" if fmt == "auto" else fmt
         drafting = s.model_draft is not None and body.use_drafter
-        samplers = (["penalties"] if "repeat_penalty" in compat.sampling_fields() else []) + list(_SAMPLERS)
-        return {
-            "seed": pick("seed"), "temperature": pick("temperature"),
+        samplers = ["penalties"] + list(_SAMPLERS)
+        out = {
+            "seed": -1 if v["seed"] is None else v["seed"], "temperature": v["temperature"],
             "dynatemp_range": 0.0, "dynatemp_exponent": 1.0,
-            "top_k": pick("top_k"), "top_p": pick("top_p"), "min_p": pick("min_p"),
+            "top_k": v["top_k"], "top_p": v["top_p"], "min_p": v["min_p"],
             "top_n_sigma": -1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1, "typical_p": 1.0,
-            "repeat_last_n": body.repeat_last_n if body.repeat_last_n is not None else 64,
-            "repeat_penalty": body.repeat_penalty if body.repeat_penalty is not None else 1.0,
-            "presence_penalty": body.presence_penalty or 0.0, "frequency_penalty": body.frequency_penalty or 0.0,
+            "repeat_last_n": v["repeat_last_n"], "repeat_penalty": v["repeat_penalty"],
+            "presence_penalty": v["presence_penalty"], "frequency_penalty": v["frequency_penalty"],
             "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": 64,
             "dry_sequence_breakers": list(_DRY_BREAKERS),
             "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
             "adaptive_target": -1.0, "adaptive_decay": 0.9,
             "stop": body.stop_list, "max_tokens": n_predict, "n_predict": n_predict,
             "n_keep": body.n_keep or 0, "n_discard": 0,
-            "ignore_eos": body.ignore_eos, "stream": body.stream, "logit_bias": [],
+            "ignore_eos": v["ignore_eos"], "stream": body.stream, "logit_bias": [],
             "n_probs": body.n_probs_wanted(), "min_keep": 0,
             "grammar": "", "grammar_lazy": False, "grammar_triggers": [], "preserved_tokens": [],
             "chat_format": "Content-only", "reasoning_format": fmt,
             "reasoning_in_content": bool(body.stream) and fmt == "deepseek-legacy",
             "generation_prompt": "", "samplers": samplers,
             "speculative.types": "none,draft-dflash" if drafting else "none",
-            "speculative.n_max": spec["n_max"] if spec["n_max"] is not None else s.n_draft_max,
-            "speculative.n_min": spec["n_min"] if spec["n_min"] is not None else s.n_draft_min,
-            "speculative.p_min": spec["p_min"] if spec["p_min"] is not None else s.p_min,
-            "timings_per_token": body.timings_per_token, "post_sampling_probs": body.post_sampling_probs,
-            "backend_sampling": False, "lora": [],
         }
+        # every other table entry under its generation_settings key (ours: speculative.n_max /
+        # n_min / p_min, the effective per-request draft settings; a new entry shows up here)
+        for p in PARAMS:
+            if p.props and p.props not in out and p.name in v:
+                out[p.props] = v[p.name]
+        out.update({"timings_per_token": body.timings_per_token, "post_sampling_probs": body.post_sampling_probs,
+                    "backend_sampling": False, "lora": []})
+        return out
 
     # ------------------------------------------------------------------ chat: tools, reasoning
 
@@ -581,19 +558,11 @@ class _Service:
         generation keywords (see :mod:`.compat`). ``tool_grammar``: the tool-choice grammar
         (:meth:`tool_plan`), used instead of the request's (never both)."""
         s = self.settings
-        limit = body.token_limit()
-        if limit is None or limit < 0:
-            limit = s.n_predict
-        spec = body.spec()
-        nd = spec["n_max"] if spec["n_max"] is not None else s.n_draft_max
-        if nd is not None and s.n_draft_max is not None:
-            nd = min(nd, s.n_draft_max)
-        p_min = spec["p_min"] if spec["p_min"] is not None else s.p_min
-        n_min = spec["n_min"] if spec["n_min"] is not None else s.n_draft_min
-        grammar = tool_grammar or self.grammar_for(body)[0]
+        v = compat.resolve(body, s)
+        limit = v["max_tokens"]
+        grammar = tool_grammar or self.grammar_for(body)[0] or v["grammar"]
         n_probs = body.n_probs_wanted()
         stop = body.stop_list
-        defaults = s.sampling_defaults()
 
         def prepare(dec: Any, job: Job) -> dict:
             job.info["t_start"] = time.perf_counter()
@@ -606,24 +575,18 @@ class _Service:
                 job.info["prompt"] = compat.prompt_text(prompt)
             job.info["n_prompt"] = len(ids)
             compat.check_context(len(ids), s.n_ctx)
-            sampling = compat.sampling_params(body, defaults, dec, grammar=grammar, n_probs=n_probs)
+            sampling = compat.sampling_params(body, v, dec, grammar=grammar, n_probs=n_probs)
             if job.params:  # llama-server reports the bias by token id (-inf as null)
-                if body.logit_bias:
+                if sampling.logit_bias:
                     job.params["logit_bias"] = [{"bias": None if math.isinf(b) else b, "token": t}
-                                                for t, b in compat.parse_logit_bias(dec, body.logit_bias).items()]
+                                                for t, b in sampling.logit_bias.items()]
                 if grammar:
                     job.params["grammar"] = grammar
             max_tokens = s.n_ctx - len(ids) if limit < 0 else limit
-            kw = dict(prompt=ids, max_tokens=max_tokens, sampling=sampling, stop=stop or None, n_draft_max=nd,
-                      p_min=p_min, use_drafter=body.use_drafter, ignore_eos=body.ignore_eos)
-            acc = self._generate_accepts(dec)
-            if not body.cache_prompt and ("cache_prompt" in acc or "*" in acc):
-                kw["cache_prompt"] = False
-            if not s.spec_adaptive and ("adaptive" in acc or "*" in acc):
-                kw["adaptive"] = False
-            if n_min and ("n_draft_min" in acc or "*" in acc):
-                kw["n_draft_min"] = int(n_min)
-            return kw
+            return dict(prompt=ids, max_tokens=max_tokens, sampling=sampling, stop=stop or None,
+                        n_draft_max=v["n_draft_max"], n_draft_min=int(v["n_draft_min"] or 0), p_min=v["p_min"],
+                        adaptive=bool(v["adaptive"]), use_drafter=body.use_drafter, ignore_eos=v["ignore_eos"],
+                        cache_prompt=body.cache_prompt)
 
         prepare.n_predict = limit  # type: ignore[attr-defined]
         return prepare
@@ -861,7 +824,7 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
                 "object": "list", "data": [m]}
 
     def default_params() -> dict:
-        return svc.job_params(LlamaCompletionRequest(prompt=""), settings.n_predict)
+        return svc.job_params(LlamaCompletionRequest(prompt=""), settings.max_tokens)
 
     caps_cache: list = []
 
@@ -1328,11 +1291,16 @@ class _PlainOptions:
 
 
 def _chat_opts(body: Any, settings: Optional[ServerSettings] = None) -> dict:
-    """render_chat keywords from a chat request (tools, template variables with the server's
-    ``--reasoning`` default)."""
+    """render_chat keywords from a chat request (tools; template variables: the server's
+    ``--chat-template-kwargs`` and ``--reasoning-effort``, then the request's over them, with the
+    server's ``--reasoning`` default)."""
+    kw = dict((settings.chat_template_kwargs if settings else None) or {})
+    if settings is not None and settings.reasoning_effort and not body.reasoning_effort:
+        kw.setdefault("reasoning_effort", settings.reasoning_effort)
+    kw.update(body.template_kwargs(settings.enable_thinking if settings else None) or {})
     return {"add_generation_prompt": body.add_generation_prompt,
             "continue_final_message": body.continue_final_message,
-            "template_kwargs": body.template_kwargs(settings.enable_thinking if settings else None),
+            "template_kwargs": kw or None,
             "tools": body.tools or None}
 
 

@@ -14,15 +14,13 @@ Sources: tools/server/server-common.cpp (``tokenize_mixed``, ``tokenize_input_pr
   is cut right after its text, as transformers' ``continue_final_message``).
 - Context (:func:`check_context`): a prompt of ``n_ctx`` tokens or more is a 400
   ``exceed_context_size_error`` with ``n_prompt_tokens`` / ``n_ctx``.
-- Sampling (:func:`sampling_params`): the request's values over the server's defaults, mapped onto
-  :class:`~dflash2_gguf.sampling.SamplingParams`; fields this build's ``SamplingParams`` lacks are a
-  400 when given a non-neutral value (never silently dropped).
+- Generation parameters (:func:`resolve`, :func:`sampling_params`): the request's values over
+  the server's defaults, entry by entry of :data:`dflash2_gguf.params.PARAMS`, then
+  :class:`~dflash2_gguf.sampling.SamplingParams`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import logging
 import math
 from typing import Any, Dict, List, Optional, Sequence
@@ -30,7 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from .errors import APIError, context_error
 
 __all__ = [
-    "split_prompts", "tokenize_prompt", "render_chat", "check_context", "sampling_params",
+    "split_prompts", "tokenize_prompt", "render_chat", "check_context", "resolve", "sampling_params",
     "nested_fields", "schema_grammar", "parse_logit_bias",
 ]
 
@@ -114,31 +112,23 @@ def check_context(n_prompt: int, n_ctx: int) -> None:
 
 # ---------------------------------------------------------------------------- chat
 
-def _template_kwargs(method: Any) -> set:
-    try:
-        sig = inspect.signature(method)
-    except (TypeError, ValueError):  # pragma: no cover
-        return set()
-    if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
-        return {"*"}
-    return set(sig.parameters)
-
-
 def render_chat(decoder: Any, messages: List[Dict[str, Any]], *, add_generation_prompt: bool = True,
                 continue_final_message: Any = None, template: Optional[str] = None, jinja: bool = True,
                 template_kwargs: Optional[Dict[str, Any]] = None, tools: Optional[List[Any]] = None) -> str:
     """Render ``messages`` with the decoder's chat template (or ``template``), llama-server style.
 
     Args:
-        decoder: A :class:`~dflash2_gguf.api.DFlashDecoder` (its ``apply_chat_template``).
+        decoder: A :class:`~dflash2_gguf.api.DFlashDecoder` (its ``apply_chat_template``; only
+            the keywords that are set are passed: ``chat_template``, ``jinja=False``,
+            ``chat_template_kwargs``, ``tools``).
         messages: Template dicts (role, content, and tool fields).
         add_generation_prompt / continue_final_message: The request's fields. With the last
             message an assistant's and ``continue_final_message`` not given, the message is
             continued (llama-server's default ``--prefill-assistant``).
         template: ``--chat-template`` / ``--chat-template-file`` text, or None for the GGUF's.
         jinja: ``--jinja`` (True) or ``--no-jinja``.
-        template_kwargs: ``chat_template_kwargs`` (passed when the renderer takes them).
-        tools: OpenAI tool specs for the template (``tools``; passed when the renderer takes them).
+        template_kwargs: ``chat_template_kwargs``.
+        tools: OpenAI tool specs for the template (``tools``).
 
     Raises:
         APIError: 400 for llama-server's refusals (both ``add_generation_prompt`` and
@@ -156,26 +146,20 @@ def render_chat(decoder: Any, messages: List[Dict[str, Any]], *, add_generation_
         cont, add_generation_prompt = True, False
     if cont and messages and messages[-1].get("tool_calls"):
         raise _bad("continue_final_message", "Cannot continue an assistant message that contains tool calls.")
-    method = decoder.apply_chat_template
-    accepted = _template_kwargs(method)
     kw: Dict[str, Any] = {"add_generation_prompt": add_generation_prompt}
-    extra = {"chat_template": template, "jinja": None if jinja else False}
+    if template is not None:
+        kw["chat_template"] = template
+    if not jinja:
+        kw["jinja"] = False
     if template_kwargs:
-        extra["chat_template_kwargs"] = template_kwargs
+        kw["chat_template_kwargs"] = template_kwargs
     if tools:
         if not jinja:
             raise APIError(400, "tools need the Jinja chat template: restart the server without --no-jinja",
                            "invalid_request_error", "tools", "not_supported")
-        extra["tools"] = list(tools)
-    for k, v in extra.items():
-        if v is None:
-            continue
-        if "*" in accepted or k in accepted:
-            kw[k] = v
-        elif k == "chat_template":
-            return _render_override(messages, template, add_generation_prompt, cont)
+        kw["tools"] = list(tools)
     try:
-        text = method(messages, **kw)
+        text = decoder.apply_chat_template(messages, **kw)
     except APIError:
         raise
     except (ValueError, TypeError, KeyError) as e:
@@ -200,20 +184,6 @@ def _strip_special(decoder: Any, template: Optional[str], text: str) -> str:
     if getattr(r, "add_eos", False) and r.eos_token and text.endswith(r.eos_token):
         text = text[: -len(r.eos_token)]
     return text
-
-
-def _render_override(messages, template: str, add_generation_prompt: bool, cont: bool) -> str:
-    """Fallback for a decoder whose ``apply_chat_template`` takes no template string: render the
-    ``--chat-template`` text with llama-cpp-python's Jinja2 formatter (bos/eos strings empty)."""
-    try:
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-        fmt = Jinja2ChatFormatter(template=template, eos_token="", bos_token="",
-                                  add_generation_prompt=add_generation_prompt)
-        text = fmt(messages=list(messages)).prompt
-    except Exception as e:  # noqa: BLE001 - any template error is the request's / flag's problem
-        raise _bad("messages", f"Failed to format input with --chat-template: {e}") from e
-    return _cut_after_final(text, messages) if cont else text
 
 
 def _cut_after_final(text: str, messages: Sequence[Dict[str, Any]]) -> str:
@@ -303,68 +273,71 @@ def format_probs(decoder: Any, items: Sequence[Any], post_sampling: bool = False
     return out
 
 
-#: request field -> (SamplingParams field, neutral value); mapped only when non-neutral.
-OPTIONAL_SAMPLING = {
-    "repeat_penalty": ("repeat_penalty", 1.0),
-    "repeat_last_n": ("repeat_last_n", None),
-    "presence_penalty": ("presence_penalty", 0.0),
-    "frequency_penalty": ("frequency_penalty", 0.0),
-    "logit_bias": ("logit_bias", {}),
-    "grammar": ("grammar", None),
-    "n_probs": ("n_probs", 0),
-}
+def resolve(req: Any, settings: Any) -> Dict[str, Any]:
+    """The effective generation parameters of a request: ``{table entry name: value}`` for every
+    entry of :data:`dflash2_gguf.params.PARAMS` that the server has (``settings``' fields) or the
+    request's API has, the request's value over the server's.
 
-
-def sampling_fields() -> set:
-    """Field names of this build's :class:`~dflash2_gguf.sampling.SamplingParams`."""
-    from ..sampling import SamplingParams
-
-    return {f.name for f in dataclasses.fields(SamplingParams)}
-
-
-def sampling_params(req: Any, defaults: Dict[str, Any], decoder: Any, *, grammar: Optional[str] = None,
-                    n_probs: int = 0) -> Any:
-    """:class:`SamplingParams` for request ``req`` over the server's ``defaults``.
-
-    ``defaults``: ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed`` (None or -1 =
-    random). Penalties, ``logit_bias``, ``grammar`` and ``n_probs`` are passed only when
-    ``SamplingParams`` has them (the lead's extension); a non-neutral value it cannot take is a
-    400 naming the field.
+    Generic entries take the first of their request fields (for the request's API) that is set;
+    the custom ones: ``max_tokens`` (``req.token_limit()``; unset or < 0: the server's ``-n``),
+    ``n_draft_max`` / ``n_draft_min`` / ``p_min`` (llama-server's ``speculative.*``; ``n_max`` never
+    above ``--spec-draft-n-max``), ``n_probs`` (``req.n_probs_wanted()``), ``stop``; ``logit_bias``
+    and ``grammar`` are the server's here (the request's are added in :func:`sampling_params`, as
+    they need the vocabulary).
     """
+    from ..params import PARAMS
+
+    api = getattr(req, "API", "completion")
+    out: Dict[str, Any] = {}
+    for p in PARAMS:
+        if p.group == "input":
+            continue
+        default = getattr(settings, p.name, p.default)
+        v = None
+        if not p.custom:
+            for name in p.request.get(api, ()):
+                v = getattr(req, name, None)
+                if v is not None:
+                    break
+        out[p.name] = p.normalize(v) if v is not None else default
+    limit = req.token_limit()
+    out["max_tokens"] = limit if limit is not None and limit >= 0 else settings.max_tokens
+    spec = req.spec()
+    cap = settings.n_draft_max
+    nd = spec["n_max"] if spec["n_max"] is not None else cap
+    out["n_draft_max"] = min(nd, cap) if nd is not None and cap is not None else nd
+    out["n_draft_min"] = spec["n_min"] if spec["n_min"] is not None else settings.n_draft_min
+    out["p_min"] = spec["p_min"] if spec["p_min"] is not None else settings.p_min
+    out["n_probs"] = req.n_probs_wanted()
+    out["stop"] = req.stop_list
+    return out
+
+
+def sampling_params(req: Any, values: Dict[str, Any], decoder: Any, *, grammar: Optional[str] = None,
+                    n_probs: int = 0) -> Any:
+    """:class:`SamplingParams` of request ``req`` from its :func:`resolve` ``values``: every
+    sampling entry of the table, the request's ``logit_bias`` (any of llama-server's forms) over
+    the server's ``-l``, ``grammar`` (the request's, a JSON schema's or the tool-call grammar;
+    else the server's) and ``n_probs``.
+
+    Raises:
+        APIError: 400 naming the field for a value :class:`SamplingParams` refuses.
+    """
+    from ..params import select
     from ..sampling import SamplingParams
 
-    def pick(name):
-        v = getattr(req, name, None)
-        return defaults.get(name) if v is None else v
-
-    seed = pick("seed")
-    kw: Dict[str, Any] = dict(temperature=pick("temperature"), top_k=pick("top_k"), top_p=pick("top_p"),
-                              min_p=pick("min_p"), seed=None if seed is None or seed < 0 else seed)
-    have = sampling_fields()
-    wanted: Dict[str, Any] = {}
-    for name in ("repeat_penalty", "presence_penalty", "frequency_penalty"):
-        v = getattr(req, name, None)
-        if v is not None and v != OPTIONAL_SAMPLING[name][1]:
-            wanted[name] = v
-    if wanted and req.repeat_last_n is not None:
-        wanted["repeat_last_n"] = req.repeat_last_n
-    bias = parse_logit_bias(decoder, getattr(req, "logit_bias", None))
-    if bias:
-        wanted["logit_bias"] = bias
-    if grammar:
-        wanted["grammar"] = grammar
-    if n_probs:
-        wanted["n_probs"] = n_probs
-    for name, v in wanted.items():
-        if name not in have:
-            raise APIError(400, f"{name} is not supported by this build yet (its SamplingParams has no {name!r}); "
-                                f"leave it out or send the neutral value", "invalid_request_error", name,
-                           "not_supported")
-        kw[name] = v
+    names = [p.name for p in select(group="sampling")]
+    kw: Dict[str, Any] = {k: values[k] for k in names if k in values}
+    bias = dict(values.get("logit_bias") or {})
+    bias.update(parse_logit_bias(decoder, getattr(req, "logit_bias", None)))
+    kw["logit_bias"] = bias or None
+    kw["grammar"] = grammar or values.get("grammar") or None
+    kw["n_probs"] = n_probs
     try:
         return SamplingParams(**kw)
     except ValueError as e:
-        raise _bad(next(iter(wanted), "temperature"), str(e)) from e
+        first = str(e).split(" ", 1)[0]
+        raise _bad(first if first in names else "temperature", str(e)) from e
 
 
 # ---------------------------------------------------------------------------- responses

@@ -34,6 +34,7 @@ import json
 import secrets
 from typing import Any, AsyncIterator, Dict, List, Optional
 
+from ..params import rename_request
 from .errors import APIError
 
 __all__ = ["to_chat", "message_object", "MessagesStream", "error_body", "ERROR_TYPES", "DEFAULT_MAX_TOKENS"]
@@ -143,7 +144,7 @@ def to_chat(req: Dict[str, Any]) -> Dict[str, Any]:
     Raises:
         APIError: 400 naming the field for a malformed field or something this server cannot do.
     """
-    r = dict(req)
+    r = rename_request(req, "messages")  # the table's messages field names -> the chat ones
     if r.get("mcp_servers"):
         raise _bad("mcp_servers", "mcp_servers are not supported by this server (no remote MCP connector)",
                    "not_supported")

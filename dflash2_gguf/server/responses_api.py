@@ -35,6 +35,7 @@ import secrets
 import time
 from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
 
+from ..params import rename_request
 from .errors import APIError
 
 __all__ = ["to_chat", "response_object", "ResponsesStream", "input_tokens_object"]
@@ -156,7 +157,7 @@ def to_chat(req: Dict[str, Any]) -> Dict[str, Any]:
     Raises:
         APIError: 400 naming the field for what this server cannot do or a malformed field.
     """
-    r = dict(req)
+    r = rename_request(req, "responses")  # the table's responses field names -> the chat ones
     for name in ("previous_response_id", "conversation"):
         if r.get(name) is not None:
             raise _bad(name, f"{name} needs stored responses, which this server does not keep: send the whole "

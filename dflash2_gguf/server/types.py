@@ -15,15 +15,14 @@ issue 13 item 4):
 - Fields llama-server honours and this server cannot (``mirostat``, DRY, XTC, ``typical_p``,
   ``top_n_sigma``, dynamic temperature, ``lora``, ``n_indent``, ``t_max_predict_ms``, multimodal
   parts) are accepted only with their neutral value; any other value is a 400 naming the field,
-  never a silent ignore. Penalties, ``logit_bias``, ``grammar`` / ``json_schema`` /
-  ``response_format`` and ``n_probs`` are mapped onto :class:`~dflash2_gguf.sampling.SamplingParams`
-  when this build's ``SamplingParams`` has them (``repeat_penalty``, ``repeat_last_n``,
-  ``presence_penalty``, ``frequency_penalty``, ``logit_bias``, ``grammar``, ``n_probs``);
-  otherwise a non-neutral value is a 400 saying so (:mod:`.compat`).
-- Generation defaults (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``, ``n_predict``)
-  are the server's (``--temp``, ``--top-k``, ``--top-p``, ``--min-p``, ``--seed``, ``-n``;
-  llama-server's defaults 0.8 / 40 / 0.95 / 0.05 / random / -1 = until end of generation or a
-  full context): a request field left out keeps the server's value.
+  never a silent ignore.
+- The generation parameters (sampling, penalties, ``logit_bias``, ``grammar`` / ``json_schema`` /
+  ``response_format``, ``n_probs``, limits, draft settings) are the entries of
+  :data:`dflash2_gguf.params.PARAMS`: the generic ones become fields here with the table's
+  bounds; every one maps onto the generation (:func:`.compat.resolve`).
+- Generation defaults are the server's (``--temp``, ``--top-k``, ``--presence-penalty``, ``-n``
+  ...; llama-server's defaults, e.g. 0.8 / 40 / 0.95 / 0.05 / random / -1 = until end of
+  generation or a full context): a request field left out keeps the server's value.
 - Token limits: ``n_predict``, ``max_completion_tokens``, ``max_tokens`` are aliases, the first
   given wins in that order (llama-server); -1 = no limit, 0 = evaluate the prompt only.
 - ``n`` (alias of llama-server's ``n_cmpl``): 1 <= n <= ``--parallel``, as llama-server.
@@ -40,9 +39,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Dict, List, Literal, Optional, Union
+from typing import Any, ClassVar, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, create_model, field_validator, model_validator
 
 __all__ = [
     "StreamOptions", "SpeculativeOptions", "ContentPart", "ChatMessage", "GenerationFields",
@@ -132,25 +131,32 @@ def _stop_list(v: Union[str, List[str], None]) -> List[str]:
     return [s for s in ([v] if isinstance(v, str) else list(v)) if s]
 
 
-class GenerationFields(_Lenient):
-    """Sampling, limits and llama-server extensions shared by every generation endpoint."""
+def _table_model() -> type:
+    """A base model with one optional field per generic request field of the generation
+    parameters table (:func:`dflash2_gguf.params.request_fields`, the completion and chat APIs),
+    its bounds from the table; None = the server's default."""
+    from ..params import request_fields
 
-    # sampling (None = the server's default)
-    temperature: Optional[float] = Field(None, ge=0.0, le=100.0, description="0 = greedy")
-    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
-    top_k: Optional[int] = Field(None, ge=0, description="0 = off")
-    min_p: Optional[float] = Field(None, ge=0.0, le=1.0, description="0 = off")
-    seed: Optional[int] = Field(None, ge=-1, lt=2**64, description="-1 = random")
-    repeat_penalty: Optional[float] = Field(None, ge=0.0, le=10.0)
-    repeat_last_n: Optional[int] = Field(None, ge=-1)
-    presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
+    fields: Dict[str, Any] = {}
+    for api in ("completion", "chat"):
+        for name, p in request_fields(api):
+            fields[name] = (Optional[p.type], Field(None, description=p.help, **dict(p.bounds)))
+    return create_model("TableFields", __base__=_Lenient, **fields)
+
+
+class GenerationFields(_table_model()):
+    """Sampling, limits and llama-server extensions shared by every generation endpoint; the
+    generic generation parameters (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``,
+    penalties, ``ignore_eos`` ...) come from :data:`dflash2_gguf.params.PARAMS`."""
+
+    #: The API whose request field names (:attr:`dflash2_gguf.params.Param.request`) apply.
+    API: ClassVar[str] = "completion"
+
     logit_bias: Union[Dict[str, Union[float, bool]], List[List[Any]], None] = None
     grammar: Optional[str] = None
     json_schema: Union[Dict[str, Any], bool, None] = None
     n_probs: Optional[int] = Field(None, ge=0, le=100)
     post_sampling_probs: bool = False
-    ignore_eos: bool = False
     stop: Union[str, List[str], None] = None
     # limits (aliases, first given wins: n_predict, max_completion_tokens, max_tokens)
     n_predict: Optional[int] = Field(None, ge=-1)
@@ -348,6 +354,8 @@ class ChatMessage(_Lenient):
 
 class ChatCompletionRequest(GenerationFields):
     """Body of ``POST /v1/chat/completions`` (and ``/chat/completions``)."""
+
+    API: ClassVar[str] = "chat"
 
     messages: List[ChatMessage] = Field(..., min_length=1)
     max_tokens: Optional[int] = Field(None, ge=-1)
