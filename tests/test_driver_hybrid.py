@@ -236,7 +236,7 @@ def test_generate_serve_bench_on_qwen35(native_ext, qwen35_text, tmp_path, capsy
     chat = [{"role": "user", "content": "Name three colours."}]
     with DFlashDecoder(str(target), None, n_ctx=512, n_threads=1) as dec:
         ref = dec.generate(messages=chat, max_tokens=40, temperature=0, ignore_eos=True).text
-    s = ServerSettings(model=str(target), model_draft=str(drafter), n_ctx=512, n_threads=1, spec_adaptive=False)
+    s = ServerSettings(model=str(target), model_draft=str(drafter), n_ctx=512, n_threads=1, adaptive=False)
     with LiveServer(s) as srv:
         r = httpx.post(srv.url + "/v1/chat/completions", timeout=300, json={
             "messages": chat, "max_tokens": 40, "temperature": 0, "ignore_eos": True})
