@@ -161,6 +161,7 @@ class GenerationFields(_Lenient):
     stream_options: Optional[StreamOptions] = None
     timings_per_token: bool = False
     return_progress: bool = False
+    return_draft_marks: bool = False  # ours: per-token draft marks on stream chunks (server/web.py)
     return_tokens: bool = False
     response_fields: Optional[List[str]] = None
     verbose: bool = False
