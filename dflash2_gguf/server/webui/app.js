@@ -44,6 +44,7 @@ $("savekey").addEventListener("click", () => {
   const k = $("apikey").value.trim();
   if (k) localStorage.setItem(KEY_STORE, k); else localStorage.removeItem(KEY_STORE);
   $("keybox").hidden = true;
+  showError("");
   loadModel();
   const retry = state.pendingRetry;
   state.pendingRetry = null;
