@@ -165,6 +165,16 @@ def test_page_is_package_data():
     assert ASSET_DIR.relative_to(ROOT / "dflash2_gguf")
     excluded = cfg.get("wheel", {}).get("exclude", []) + cfg.get("sdist", {}).get("exclude", [])
     assert not any(p in ("*.html", "*.js", "*.css") or "webui" in p for p in excluded)
+    try:  # scikit-build-core's own selection of the package's files (a private helper of 1.x)
+        from scikit_build_core.build._pathutil import iter_package_files
+
+        files = {str(f.relative_to(ROOT)) if f.is_absolute() else str(f) for f, _ in iter_package_files(
+            packages={"dflash2_gguf": str(ROOT / "dflash2_gguf")}, include=[], src_exclude=excluded,
+            target_exclude=[], build_dir=cfg.get("build-dir", "build"), mode="classic")}
+    except (ImportError, TypeError):
+        return
+    shipped = {str((ASSET_DIR / n).relative_to(ROOT)) for n in ("index.html", "app.js", "app.css")}
+    assert shipped <= files, sorted(shipped - files)
 
 
 # ---------------------------------------------------------------------------- draft marks (real model)
