@@ -230,10 +230,11 @@ async function run() {
         if (ev.error) throw new Error(ev.error.message || "generation failed");
         const ch = (ev.choices && ev.choices[0]) || {};
         const d = ch.delta || {};
+        // a reasoning model's thoughts go above the answer, dimmed
+        const thinking = Boolean(d.reasoning_content) && !d.content;
         if (d.reasoning_content) {
           reasoning += d.reasoning_content;
           if (!reasoningEl.parentNode) div.insertBefore(reasoningEl, body);
-          reasoningEl.textContent = reasoning;
         }
         if (d.content) content += d.content;
         if (ev.draft_marks) {
@@ -246,10 +247,11 @@ async function run() {
             s.textContent = p;
             frag.appendChild(s);
           });
-          if (!reasoning) body.appendChild(frag); // tokens of a reasoning model's thoughts: shown above
+          (thinking ? reasoningEl : body).appendChild(frag);
           stats.addMarks(m);
-        } else if (d.content && !marked) {
-          body.appendChild(document.createTextNode(d.content)); // a server without draft marks
+        } else if (!marked) { // a server without draft marks: the deltas as they come
+          if (d.reasoning_content) reasoningEl.appendChild(document.createTextNode(d.reasoning_content));
+          if (d.content) body.appendChild(document.createTextNode(d.content));
         }
         if (ev.timings) stats.addTimings(ev.timings);
         if (ch.finish_reason) finish = ch.finish_reason;
@@ -267,7 +269,9 @@ async function run() {
       return;
     } else showError(e.message);
   }
-  if (reasoning && body.textContent !== content) body.textContent = content; // thoughts were split out
+  // the tokens' texts are the raw output: where the answer differs (a template's thinking tags, a
+  // stop string), show the answer as the server parsed it, unmarked
+  if (content && body.textContent.trim() !== content.trim()) body.textContent = content;
   state.messages.push({ role: "assistant", content: content || body.textContent });
   meta.textContent = stats.summary(finish);
   stats.show();
