@@ -15,7 +15,7 @@ fetches (the llama-cpp-python 0.3.36 sdist), configured with ``-DLLAMA_BUILD_SER
 What is compared, per case (:data:`CASES`): the HTTP status, and the set of keys of the JSON
 response (nested objects as ``a.b``, the first element of lists as ``a[0].b``; streamed
 responses: the keys of the first and the last event). Values are not compared (texts, timings
-and ids differ by nature). Differences listed in :data:`DOCUMENTED` are the documented ones
+and ids differ by nature), except the CORS headers (``Access-Control-*``), compared by value. Differences listed in :data:`DOCUMENTED` are the documented ones
 (README "Serve it"); the report marks them, and any other difference is a bug to fix.
 """
 
@@ -97,6 +97,12 @@ CASES: List[Case] = [
     Case("context-exceeded", "POST", "/completion", {"prompt": "hello " * 40000, "n_predict": 2}),
     Case("cors-preflight", "OPTIONS", "/v1/chat/completions",
          headers={"Origin": "http://example.com", "Access-Control-Request-Method": "POST"}),
+    Case("cors-preflight-bare-localhost", "OPTIONS", "/v1/chat/completions",
+         headers={"Origin": "localhost", "Access-Control-Request-Method": "POST",
+                  "Access-Control-Request-Headers": "authorization, content-type"}),
+    Case("cors-options-no-preflight", "OPTIONS", "/v1/models", headers={"Origin": "http://[::1]"}),
+    Case("cors-get", "GET", "/v1/models", headers={"Origin": "http://localhost"}),
+    Case("web-page", "GET", "/"),
     Case("unknown-path", "GET", "/v1/nope"),
 ]
 
@@ -117,6 +123,8 @@ DOCUMENTED: Dict[tuple, str] = {
     ("health", "slots_idle"): "ours: slot counts in /health", ("health", "slots_processing"): "ours",
     ("health", "queued"): "ours",
     ("unknown-path", "status"): "llama-server answers unknown paths with its web UI / 404 text",
+    ("web-page", "status"): "the compared llama-server is built without its web UI (LLAMA_USE_PREBUILT_UI=OFF): "
+                            "404 there; ours serves its own page",
     ("*", "speculative.n_max"): "ours echoes the effective per-request draft settings in the generation "
                                 "settings (llama-server takes them in a request, reports only speculative.types)",
     ("*", "speculative.n_min"): "ours echoes the effective per-request draft settings",
@@ -137,9 +145,14 @@ def key_paths(obj: Any, prefix: str = "") -> set:
     return out
 
 
+def _cors_headers(r: Any) -> dict:
+    """The response's ``Access-Control-*`` headers (lower-case names), compared by value."""
+    return {k.lower(): v for k, v in r.headers.items() if k.lower().startswith("access-control-")}
+
+
 def probe(base: str, case: Case, api_key: Optional[str] = None, timeout: float = 300) -> dict:
-    """Send ``case`` to ``base``; ``{"status", "keys"}`` (streams: keys of first and last event,
-    prefixed ``first:`` / ``last:``)."""
+    """Send ``case`` to ``base``; ``{"status", "keys", "headers"}`` (streams: keys of first and
+    last event, prefixed ``first:`` / ``last:``; ``headers``: the CORS ones)."""
     import httpx
 
     headers = dict(case.headers or {})
@@ -165,13 +178,14 @@ def probe(base: str, case: Case, api_key: Optional[str] = None, timeout: float =
         keys = set()
         if events:
             keys = {f"first:{k}" for k in key_paths(events[0])} | {f"last:{k}" for k in key_paths(events[-1])}
-        return {"status": status, "keys": keys}
+            cors = _cors_headers(r)
+        return {"status": status, "keys": keys, "headers": cors}
     r = httpx.request(case.method, base + case.path, **kw)
     try:
         body = r.json()
     except ValueError:
         body = None
-    return {"status": r.status_code, "keys": key_paths(body)}
+    return {"status": r.status_code, "keys": key_paths(body), "headers": _cors_headers(r)}
 
 
 def _documented(case: str, what: str) -> Optional[str]:
@@ -186,8 +200,8 @@ def _documented(case: str, what: str) -> Optional[str]:
 
 
 def compare(ours: Dict[str, dict], theirs: Dict[str, dict]) -> List[dict]:
-    """Every difference: ``{"case", "what" ("status" or a key path), "ours", "theirs",
-    "documented" (the reason, or None)}``."""
+    """Every difference: ``{"case", "what" ("status", a key path, or ``header <name>`` for a CORS
+    header whose value differs), "ours", "theirs", "documented" (the reason, or None)}``."""
     diffs = []
     for name in ours:
         o, t = ours[name], theirs.get(name)
@@ -200,6 +214,12 @@ def compare(ours: Dict[str, dict], theirs: Dict[str, dict]) -> List[dict]:
         for k in sorted(o["keys"] ^ t["keys"]):
             diffs.append({"case": name, "what": k, "ours": k in o["keys"], "theirs": k in t["keys"],
                           "documented": _documented(name, k)})
+        oh, th = o.get("headers", {}), t.get("headers", {})
+        for h in sorted(set(oh) | set(th)):
+            if oh.get(h) != th.get(h):
+                what = f"header {h}"
+                diffs.append({"case": name, "what": what, "ours": oh.get(h), "theirs": th.get(h),
+                              "documented": _documented(name, what)})
     return diffs
 
 

@@ -37,11 +37,23 @@ if [[ ",$extras," == *",test,"* || ",$extras," == *",torch,"* ]]; then
 fi
 "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[${extras}]"
 if [[ ",$extras," == *",test,"* ]]; then
+  # The web page's browser test (tests/test_web_browser.py) drives the system's Chromium with its
+  # chromedriver (Selenium from the test extra, nothing downloaded): Debian's packages, as root.
+  if ! { command -v chromium || command -v chromium-browser; } >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      echo "setup: installing chromium chromium-driver (apt-get) for tests/test_web_browser.py" >&2
+      apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+    else
+      echo "setup: no chromium/chromedriver: tests/test_web_browser.py will be skipped" \
+           "(Debian: apt-get install chromium chromium-driver)" >&2
+    fi
+  fi
   # The authors' PyTorch reference (parity tests) pins datasets/requests/tqdm it does not use here:
   # install it without dependencies, next to the transformers release it was made for.
   # sentencepiece: upstream's converter imports it (the byte-level comparison runs upstream's).
   "$PY" -m pip install -q --disable-pip-version-check "transformers==5.15.0" "sentencepiece>=0.2"
   "$PY" -m pip install -q --disable-pip-version-check --no-deps "dflash==0.1.0"
   # Fail here, not as skipped tests, when a test dependency did not install.
-  "$PY" -c "import torch, transformers, dflash.model, fastapi, uvicorn, openai, anthropic, agents, httpx, matplotlib, sentencepiece, dflash2_gguf._native_loader as n; n.native()"
+  "$PY" -c "import torch, transformers, dflash.model, fastapi, uvicorn, openai, anthropic, agents, httpx, matplotlib, sentencepiece, selenium, dflash2_gguf._native_loader as n; n.native()"
 fi

@@ -540,7 +540,7 @@ def test_cors_preflight_without_api_key(tmp_path):
         assert r.headers["access-control-allow-origin"] == "http://example.com"
         assert r.headers["access-control-allow-credentials"] == "true"
         assert "POST" in r.headers["access-control-allow-methods"]
-        assert "authorization" in r.headers["access-control-allow-headers"].lower()
+        assert r.headers["access-control-allow-headers"] == "*"  # llama-server's default, verbatim
         assert httpx.request("OPTIONS", srv.url + "/v1/models", timeout=30).status_code == 200
         r = httpx.get(srv.url + "/v1/models", headers={"Origin": "http://example.com"}, timeout=30)
         assert r.status_code == 401 and r.headers["access-control-allow-origin"] == "http://example.com"
@@ -736,7 +736,7 @@ def test_llama_server_compat_report_logic(tmp_path):
     from benchmarks.llama_server_compat import CASES, compare, report_markdown, run
 
     cases = [c for c in CASES if c.name in ("props", "tokenize", "completion", "chat-stream", "cors-preflight",
-                                            "chat-bad-type")]
+                                            "chat-bad-type", "cors-preflight-bare-localhost", "cors-get")]
     a, _ = _fake(tmp_path)
     b, _ = _fake(tmp_path)
     with a, b:
@@ -749,6 +749,10 @@ def test_llama_server_compat_report_logic(tmp_path):
     d = compare({"m": {"status": 200, "keys": {"[0].timings.draft_n", "last:generation_settings.speculative.n_max"}}},
                 {"m": {"status": 200, "keys": set()}})
     assert all(x["documented"] for x in d)  # "*" entries cover the key nested deeper
+    d = compare({"c": {"status": 200, "keys": set(), "headers": {"access-control-allow-headers": "authorization"}}},
+                {"c": {"status": 200, "keys": set(), "headers": {"access-control-allow-headers": "*"}}})
+    assert [(x["what"], x["ours"], x["theirs"]) for x in d] == [("header access-control-allow-headers",
+                                                                 "authorization", "*")]
 
 
 def test_live_n_probs_and_cached_tokens(live):

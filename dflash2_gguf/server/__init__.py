@@ -7,6 +7,8 @@ Layout (after mlx-lm's one-thread-owns-the-model server, without llama-cpp-pytho
 - :mod:`.worker`: one thread owns the decoder and a request queue; a response queue per request.
 - :mod:`.metrics`: counters and their Prometheus text.
 - :mod:`.app`: :func:`create_app(settings) <dflash2_gguf.server.app.create_app>`, the endpoints.
+- :mod:`.web`: the web page at ``/`` (files in ``webui/``), CORS as llama-server answers it, the
+  stream's draft marks.
 - :mod:`.__main__`: the ``serve`` flags (llama-server's names) and the uvicorn entry.
 
 Names resolve lazily so that ``dflash2-gguf --help`` does not import FastAPI.

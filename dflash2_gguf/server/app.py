@@ -23,20 +23,21 @@ Endpoints, as llama-server's README and tools/server/server.cpp at llama.cpp 0c1
   chat request and run through the same pipeline; token counts ``/v1/responses/input_tokens``,
   ``/v1/chat/completions/input_tokens``, ``/v1/messages/count_tokens``.
 - Not served (404, documented out of scope): embeddings, reranking, infill, LoRA adapters, slot
-  save/restore, router mode, the web UI, ``/v1/chat/completions/control``.
+  save/restore, router mode, ``/v1/chat/completions/control``.
+- ``GET /`` (``/index.html``, ``/webui/<asset>``): the web page (:mod:`.web`), public.
 
 Requests: bodies are parsed as JSON whatever their ``Content-Type`` (``curl -d`` sends
 ``application/x-www-form-urlencoded``), as llama-server parses them; field policy in
 :mod:`.types`; prompt, chat and sampling semantics in :mod:`.compat`.
 
-Auth: with API keys set, every path except ``/health`` and ``/v1/health`` (llama-server's public
-endpoints) needs ``Authorization: Bearer <key>`` or ``X-Api-Key: <key>``; otherwise 401.
+Auth: with API keys set, every path except ``/health``, ``/v1/health`` and the web page's
+(:data:`PUBLIC_PATHS`, llama-server's public endpoints) needs ``Authorization: Bearer <key>`` or
+``X-Api-Key: <key>``; otherwise 401.
 ``OPTIONS`` requests never need a key.
 
-CORS (llama-server's ``--cors-*`` flags, with Starlette's ``CORSMiddleware``): by default any
-``Origin`` is reflected with credentials allowed; ``localhost`` reflects only local origins; a
-comma list allows those. A preflight is answered 200 with the CORS headers before auth; any
-other ``OPTIONS`` gets an empty 200, as llama-server answers it.
+CORS (llama-server's ``--cors-*`` flags, header for header, :class:`.web.LlamaCors`): by default
+any ``Origin`` is reflected with credentials allowed; ``localhost`` reflects only local origins;
+every ``OPTIONS`` is answered 200 with the CORS headers before auth.
 
 Context: a prompt of ``n_ctx`` tokens or more is a 400 ``exceed_context_size_error`` with
 ``n_prompt_tokens`` and ``n_ctx``; a generation that fills the context stops with
@@ -61,7 +62,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from . import compat, messages_api, responses_api
+from . import compat, messages_api, responses_api, web
 from .chat_output import ChatOutput, ToolPlan, finish_reason_for, plan_tools
 from .context import ModelInfo, read_model_info
 from .errors import APIError, error_body, error_response, from_exception, install_error_handlers, validation_error
@@ -76,7 +77,7 @@ __all__ = ["ServerSettings", "create_app", "PUBLIC_PATHS", "BUILD_INFO"]
 log = logging.getLogger("dflash2_gguf.server")
 
 #: Paths that never need the API key (llama-server's ``get_public_endpoints``).
-PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
+PUBLIC_PATHS = frozenset({"/health", "/v1/health"}) | web.PAGE_PATHS
 
 #: ``build_info`` / ``system_fingerprint``.
 BUILD_INFO = "dflash2-gguf (llama.cpp 0c1e570)"
@@ -743,8 +744,6 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
     The slots start (and load the model in their threads) when the app's lifespan starts, and
     stop with it; ``app.state`` holds ``settings``, ``worker``, ``metrics`` and ``model_info``.
     """
-    from starlette.middleware.cors import CORSMiddleware
-
     metrics = Metrics()
     worker = Worker(load or settings.load_decoder, metrics, max_queue=settings.max_queue, n_slots=settings.n_slots)
     info = read_model_info(settings.model)
@@ -772,17 +771,7 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
     app.add_middleware(_PlainOptions)
 
     # CORS outermost: preflights are answered before auth, errors carry the CORS headers too.
-    origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
-    cors: dict = dict(allow_methods=[m.strip() for m in settings.cors_methods.split(",") if m.strip()],
-                      allow_headers=[h.strip() for h in settings.cors_headers.split(",") if h.strip()],
-                      allow_credentials=settings.cors_credentials)
-    if origins == ["localhost"]:
-        cors["allow_origin_regex"] = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
-    elif origins == ["*"] and settings.cors_credentials:
-        cors["allow_origin_regex"] = r".*"  # reflect any Origin with credentials (llama-server's default)
-    else:
-        cors["allow_origins"] = origins
-    app.add_middleware(CORSMiddleware, **cors)
+    web.install(app, settings)  # and the web page at /
 
     # ------------------------------------------------------------------ info
 
@@ -1083,9 +1072,12 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
             return {"finish_reason": finish, "index": i, "delta": d}
 
         outs: dict = {}
+        marks: dict = {}
 
         def on_start(i, job):
             outs[i] = svc.chat_output(job, body, plan)
+            if body.return_draft_marks:
+                marks[i] = web.DraftMarks(worker.decoder, job.cycles)
             o = obj([delta(i, {"role": "assistant", "content": None}, None)])
             if body.timings_per_token:
                 o["timings"] = _partial_timings(job, 0)
@@ -1098,7 +1090,7 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
         def on_chunk(i, job, ch):
             n_dec[i] = n_dec.get(i, 0) + len(ch.tokens)
             ds = outs[i].feed(ch.text)
-            if not ds and not body.timings_per_token:
+            if not ds and not body.timings_per_token and not body.return_draft_marks:
                 return []
             lines = []
             lp = compat.format_probs(worker.decoder, getattr(ch, "logprobs", None) or [], body.post_sampling_probs)
@@ -1109,6 +1101,8 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
                         o["choices"][0]["logprobs"] = {"content": lp}
                     if body.timings_per_token:
                         o["timings"] = _partial_timings(job, n_dec[i])
+                    if i in marks:
+                        o["draft_marks"] = marks[i].chunk(ch)
                 lines.append(_sse(o))
             return lines
 
@@ -1276,9 +1270,10 @@ class _ApiKey:
 
 
 class _PlainOptions:
-    """ASGI middleware: any OPTIONS that is not a CORS preflight gets an empty 200, as
-    llama-server answers it (pure ASGI, so that ``request.is_disconnected()`` keeps working,
-    which Starlette's ``BaseHTTPMiddleware`` would break)."""
+    """ASGI middleware: any OPTIONS (a CORS preflight or not) gets an empty 200, as llama-server
+    answers it, with the CORS headers of :class:`.web.LlamaCors` outside it (pure ASGI, so that
+    ``request.is_disconnected()`` keeps working, which Starlette's ``BaseHTTPMiddleware`` would
+    break)."""
 
     def __init__(self, app: Any) -> None:
         self.app = app

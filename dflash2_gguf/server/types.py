@@ -167,6 +167,7 @@ class GenerationFields(_table_model()):
     stream_options: Optional[StreamOptions] = None
     timings_per_token: bool = False
     return_progress: bool = False
+    return_draft_marks: bool = False  # ours: per-token draft marks on stream chunks (server/web.py)
     return_tokens: bool = False
     response_fields: Optional[List[str]] = None
     verbose: bool = False

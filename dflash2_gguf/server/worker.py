@@ -29,6 +29,7 @@ instead of running to ``max_tokens``. The HTTP side waits on its queue with a ti
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import queue
@@ -39,6 +40,7 @@ from typing import Any, Callable, Optional
 
 from .errors import APIError
 from .metrics import Metrics
+from .web import cycle_counts
 
 __all__ = ["Job", "Slot", "Worker"]
 
@@ -66,6 +68,9 @@ class Job:
         info: Filled by ``prepare`` (``prompt`` text, ``n_prompt``), read by the handler after the end.
         out: The job's response queue (filled from the slot thread).
         cancelled: Set to stop the generation at the next chunk boundary.
+        cycles: Per posted chunk with tokens, the drafter's counters after it (``(n_drafted,
+            n_cached)``, :func:`.web.cycle_counts`; nothing for decoders without native stats), for
+            the stream's ``draft_marks`` (:class:`.web.DraftMarks`).
     """
 
     kwargs: dict
@@ -77,6 +82,7 @@ class Job:
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     id: int = field(default_factory=lambda: next(_ids))
+    cycles: collections.deque = field(default_factory=collections.deque)
     t_submit: float = field(default_factory=time.perf_counter)
 
     def post(self, kind: str, value: Any) -> None:
@@ -312,6 +318,10 @@ class Worker:
                 n += len(ch.tokens)
                 slot.n_decoded = n
                 slot.has_new_line = slot.has_new_line or "\n" in ch.text
+                if ch.tokens:
+                    counts = cycle_counts(slot.decoder)
+                    if counts is not None:
+                        job.cycles.append(counts)  # before the post: the handler reads it with the chunk
                 job.post("chunk", ch)
                 if ch.done:
                     job.info["n_cached"] = int(getattr(ch.stats, "n_cached", 0) or 0)
