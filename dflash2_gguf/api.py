@@ -78,6 +78,9 @@ class GenerationStats:
         t_rollback_s: Seconds in state copies, restores, re-decodes and tail removals.
         n_checkpoints: Prompt checkpoints the target holds after this generation (targets with a
             recurrent state or a sliding window: what a later prompt can reuse).
+        sources: Per draft source (``"draft-dflash"``, ``"ngram-simple"``, ``"ngram-mod"``):
+            ``{"cycles": cycles its drafts were verified in, "drafted": drafts verified,
+            "accepted": drafts accepted}``.
     """
 
     n_prompt: int
@@ -109,6 +112,7 @@ class GenerationStats:
     n_redecoded: int = 0
     t_rollback_s: float = 0.0
     n_checkpoints: int = 0
+    sources: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def _from_native(cls, d: Mapping[str, Any]) -> "GenerationStats":
@@ -147,6 +151,7 @@ class GenerationStats:
             n_redecoded=int(d["n_redecoded"]),
             t_rollback_s=d["t_rollback_ms"] / 1000.0,
             n_checkpoints=int(d["n_checkpoints"]),
+            sources={str(k): {kk: int(vv) for kk, vv in v.items()} for k, v in d["sources"].items()},
         )
 
 
@@ -309,6 +314,9 @@ class DFlashDecoder:
             keeps every cell of its windowed layers. Off (the default, as in llama-server) it
             keeps the window plus one batch, and a prompt that reuses a prefix whose window has
             been overwritten restarts from a prompt checkpoint (native/target_memory.h).
+        context_draft_max: The most context drafts (``spec_type`` ngram-simple / ngram-mod) a
+            cycle verifies; a target with a recurrent state keeps that many snapshots of it
+            (memory) when its architecture rolls back natively. 0 turns context drafts off.
         verbose: Print llama.cpp's own log (model loading, contexts) to stderr; otherwise only
             its errors. The setting is process-wide (``llama_log_set``).
 
@@ -342,6 +350,7 @@ class DFlashDecoder:
         capture: str = "auto",
         cache_ram_mib: int = 1024,
         swa_full: bool = False,
+        context_draft_max: int = 16,
         cost_model: Union[str, Mapping[str, Any], None] = "auto",
         verbose: bool = False,
     ) -> None:
@@ -375,6 +384,10 @@ class DFlashDecoder:
             raise ValueError("cache_ram_mib must be >= 0 (0 disables the RAM prompt cache)")
         o.cache_ram_mib = int(cache_ram_mib)
         o.swa_full = bool(swa_full)
+        if int(context_draft_max) < 0:
+            raise ValueError("context_draft_max must be >= 0 (0: no context drafts)")
+        o.context_draft_max = int(context_draft_max)
+        self._context_draft_max = int(context_draft_max)
         self.target_path = str(target)
         self.drafter_path = None if drafter is None else str(drafter)
         if not (cost_model in ("auto", None) or isinstance(cost_model, Mapping)):
@@ -514,10 +527,11 @@ class DFlashDecoder:
         self.engine.set_cost_model(c)
 
     def _ensure_costs(self) -> None:
-        if self._cost_mode != "auto" or _whole_cost_model(self.engine.cost_model().verify_ms, self.block_size):
+        rows = max(self.block_size, self._context_draft_max + 1)  # a DFlash block, the longest context draft
+        if self._cost_mode != "auto" or _whole_cost_model(self.engine.cost_model().verify_ms, rows):
             return  # set, or whole (fixed-k cycles alone observe some row counts only)
         saved = _load_cost_models().get(self._cost_key)
-        if not isinstance(saved, Mapping) or not _whole_cost_model(saved.get("verify_ms"), self.block_size):
+        if not isinstance(saved, Mapping) or not _whole_cost_model(saved.get("verify_ms"), rows):
             self.measure_cost_model()  # none saved, or a damaged / partial entry
             return
         self._set_costs(saved, fixed=False)
@@ -585,6 +599,24 @@ class DFlashDecoder:
         return renderer_for(self, chat_template).render(messages, tools=tools, documents=documents,
                                                         add_generation_prompt=add_generation_prompt, **kw)
 
+    def _spec_bits(self, spec_type: Union[str, Sequence[str], None]) -> int:
+        """``spec_type`` as the native SpecType bits (ValueError: an unknown name, or
+        draft-dflash without a drafter)."""
+        from ._native_loader import native
+        from .params import parse_spec_types
+
+        n = native()
+        names = parse_spec_types(spec_type)
+        if names is None:
+            names = ("draft-dflash", "ngram-simple", "ngram-mod") if self.has_drafter else ()
+        if "draft-dflash" in names and not self.has_drafter:
+            raise ValueError("spec_type draft-dflash needs a drafter GGUF (this decoder has none)")
+        bits = {"draft-dflash": n.SPEC_DFLASH, "ngram-simple": n.SPEC_NGRAM_SIMPLE, "ngram-mod": n.SPEC_NGRAM_MOD}
+        out = 0
+        for name in names:
+            out |= bits[name]
+        return out
+
     def _prompt_ids(self, prompt: Optional[Prompt], messages: Optional[Sequence[Mapping[str, Any]]]) -> list:
         if (prompt is None) == (messages is None):
             raise ValueError("give exactly one of prompt (str or token ids) and messages")
@@ -646,6 +678,12 @@ class DFlashDecoder:
         cache_prompt: bool = True,
         adaptive: bool = True,
         n_draft_min: int = 0,
+        spec_type: Union[str, Sequence[str], None] = None,
+        spec_ngram_simple_size_n: int = 2,
+        spec_ngram_simple_size_m: int = 16,
+        spec_ngram_mod_n_match: int = 16,
+        spec_ngram_mod_n_max: int = 16,
+        spec_ngram_mod_n_min: int = 1,
         stream: bool = False,
         _test_fault: int = 0,
         **sampling_overrides: Any,
@@ -682,6 +720,19 @@ class DFlashDecoder:
             n_draft_min: With ``adaptive``, when the drafter runs, verify at least this many drafts
                 (llama.cpp's ``--spec-draft-n-min`` / llama-server's ``speculative.n_min``): a floor
                 under the adaptive choice, decided before the drafts are drawn (lossless).
+            spec_type: Which draft sources may draft (llama.cpp's ``--spec-type`` names, a
+                comma-separated string or a list): ``draft-dflash`` (the drafter GGUF),
+                ``ngram-simple`` (prompt lookup: the tokens that followed the most recent earlier
+                occurrence of the longest suffix of prompt + output), ``ngram-mod`` (an n-gram
+                pool filled from every request of this decoder), ``none``. Each cycle the source
+                whose drafts promise the most tokens per second wins (with ``adaptive``; without,
+                a context match wins, as in llama.cpp); context drafts are point masses, so the
+                output stays exact. Default: all three with a drafter, none without
+                (``native/context_drafter.h``).
+            spec_ngram_simple_size_n / spec_ngram_simple_size_m: ngram-simple's shortest suffix
+                looked up and most drafts (llama.cpp's ``--spec-ngram-simple-size-n/-m``).
+            spec_ngram_mod_n_match / spec_ngram_mod_n_max / spec_ngram_mod_n_min: ngram-mod's
+                n-gram length, most drafts, and fewest chained drafts it offers.
             stream: Return an iterator of :class:`StreamChunk` instead of a result.
             _test_fault: TEST HOOK of the lossless tests' negative controls
                 (``native/acceptance.h`` ``TestFault``); never set it otherwise.
@@ -702,7 +753,12 @@ class DFlashDecoder:
         if int(n_draft_min) < 0:
             raise ValueError("n_draft_min must be >= 0")
         g.n_draft_min = int(n_draft_min)
-        if adaptive and use_drafter and self.has_drafter:
+        g.spec_types = self._spec_bits(spec_type)
+        ng = g.ngram
+        ng.simple_size_n, ng.simple_size_m = int(spec_ngram_simple_size_n), int(spec_ngram_simple_size_m)
+        ng.mod_n_match, ng.mod_n_max, ng.mod_n_min = int(spec_ngram_mod_n_match), int(spec_ngram_mod_n_max), int(spec_ngram_mod_n_min)
+        g.ngram = ng
+        if adaptive and use_drafter and g.spec_types:
             self._ensure_costs()
         if stream:
             return self._stream(ids, g, stops)

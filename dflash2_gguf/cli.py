@@ -87,6 +87,7 @@ def _generate_run(args: argparse.Namespace) -> int:
                 "n_rollbacks": st.n_rollbacks,
                 "n_redecoded": st.n_redecoded,
                 "t_rollback_s": st.t_rollback_s,
+                "sources": st.sources,
             }
             print(json.dumps(out))
         else:

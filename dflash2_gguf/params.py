@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 __all__ = ["Param", "PARAMS", "APIS", "COMMANDS", "by_name", "select", "table_fields", "add_arguments",
            "values_from_args", "sampling_from_values", "parse_logit_bias", "request_fields", "scalar_params",
-           "rename_request", "parse_seed"]
+           "rename_request", "parse_seed", "SPEC_TYPE_NAMES", "parse_spec_types"]
 
 #: The HTTP APIs whose request field names an entry declares.
 APIS = ("completion", "chat", "responses", "messages")
@@ -234,7 +234,53 @@ PARAMS: List[Param] = [
           flags=("--spec-draft-adaptive",), native="GenParams.adaptive", props="speculative.adaptive",
           choices={"on": True, "off": False},
           metavar="on|off"),
+    Param("spec_type", str, None, "speculative types, comma-separated: draft-dflash (the -md drafter), ngram-simple "
+          "(prompt lookup), ngram-mod (n-gram pool shared across requests), none; each cycle the one with the "
+          "best expected tokens/s drafts (default: all three with -md, none without)", "draft",
+          flags=("--spec-type",), env="LLAMA_ARG_SPEC_TYPE", request=_api("speculative.type", only=_LLAMA),
+          native="GenParams.spec_types", props="speculative.types", custom=True, metavar="TYPES"),
+    Param("spec_ngram_simple_size_n", int, 2, "ngram-simple: the shortest context suffix looked up",
+          "draft", flags=("--spec-ngram-simple-size-n",), request=_api("speculative.ngram_size_n", only=_LLAMA),
+          native="GenParams.ngram", bounds=dict(ge=1, le=1024), custom=True, metavar="N"),
+    Param("spec_ngram_simple_size_m", int, 16, "ngram-simple: the most drafts per cycle", "draft",
+          flags=("--spec-ngram-simple-size-m",), request=_api("speculative.ngram_size_m", only=_LLAMA),
+          native="GenParams.ngram", bounds=dict(ge=1, le=1024), custom=True, metavar="N"),
+    Param("spec_ngram_mod_n_match", int, 16, "ngram-mod: the n-gram length of the pool", "draft",
+          flags=("--spec-ngram-mod-n-match",), native="GenParams.ngram", bounds=dict(ge=1, le=1024), custom=True,
+          metavar="N"),
+    Param("spec_ngram_mod_n_max", int, 16, "ngram-mod: the most drafts per cycle", "draft",
+          flags=("--spec-ngram-mod-n-max",), native="GenParams.ngram", bounds=dict(ge=1, le=1024), custom=True,
+          metavar="N"),
+    Param("spec_ngram_mod_n_min", int, 1, "ngram-mod: fewer chained drafts than this are not used", "draft",
+          flags=("--spec-ngram-mod-n-min",), native="GenParams.ngram", bounds=dict(ge=0, le=1024), custom=True,
+          metavar="N"),
 ]
+
+#: ``--spec-type`` names this driver implements (llama.cpp's spellings, common/speculative.cpp).
+SPEC_TYPE_NAMES = ("none", "draft-dflash", "ngram-simple", "ngram-mod")
+
+
+def parse_spec_types(value: Any) -> Optional[Tuple[str, ...]]:
+    """``--spec-type`` / ``speculative.type``: a comma-separated string or a list of names ->
+    the names in order without repeats (``()`` for ``none``); None: unset (the default applies).
+
+    Raises:
+        ValueError: a name this driver does not implement (llama.cpp's other types included),
+            naming the ones it has.
+    """
+    if value is None:
+        return None
+    names = value.split(",") if isinstance(value, str) else list(value)
+    out: List[str] = []
+    for n in (str(x).strip().lower() for x in names):
+        if not n:
+            continue
+        if n not in SPEC_TYPE_NAMES:
+            raise ValueError(f"speculative type {n!r} is not available here; use a comma-separated list of "
+                             f"{', '.join(SPEC_TYPE_NAMES)}")
+        if n != "none" and n not in out:
+            out.append(n)
+    return tuple(out)
 
 
 def by_name(name: str) -> Param:

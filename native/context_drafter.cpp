@@ -49,21 +49,47 @@ bool extends(const std::vector<int32_t> & a, const std::vector<int32_t> & b) {
 
 void PromptLookup::clear() {
     indexed_.clear();
-    ends_.clear();
+    short_.clear();
+    long_.clear();
     n_ = 0;
 }
 
 // Index the n-grams ending at 0-based positions e in [n - 1, len - 2] (an earlier occurrence needs
-// a token after it).
+// a token after it), for n = n (short) and kLong.
 void PromptLookup::index_to(const std::vector<int32_t> & history, int n) {
     if (n != n_ || !extends(indexed_, history)) {
         clear();
         n_ = n;
     }
     const int len = (int) history.size();
-    const int from = std::max(n - 1, (int) indexed_.size() - 1);
-    for (int e = from; e <= len - 2; ++e) ends_[hash_tokens(history.data() + e - n + 1, n)].push_back(e);
+    const int old = (int) indexed_.size();
+    for (int e = std::max(n - 1, old - 1); e <= len - 2; ++e) short_[hash_tokens(history.data() + e - n + 1, n)].push_back(e);
+    if (n < kLong) {
+        for (int e = std::max(kLong - 1, old - 1); e <= len - 2; ++e) {
+            long_[hash_tokens(history.data() + e - kLong + 1, kLong)].push_back(e);
+        }
+    }
     indexed_.assign(history.begin(), history.end());
+}
+
+// The most recent of the (at most kMaxCandidates most recent) occurrences of the last n tokens
+// that has the longest match with the end of history; -1 if none. best_m: that match's length.
+int PromptLookup::search(const Index & idx, int n, const std::vector<int32_t> & history, int & best_m) const {
+    const int len = (int) history.size();
+    best_m = 0;
+    if (len < n + 1) return -1;
+    auto it = idx.find(hash_tokens(history.data() + len - n, n));
+    if (it == idx.end()) return -1;
+    constexpr int kMaxCandidates = 32, kMaxMatch = 256;
+    int best_e = -1, seen = 0;
+    const auto & ends = it->second;
+    for (auto e_it = ends.rbegin(); e_it != ends.rend() && seen < kMaxCandidates; ++e_it, ++seen) {
+        const int e = *e_it;
+        int m = 0;  // the match length, ending at e and at len - 1
+        while (m < kMaxMatch && e - m >= 0 && history[e - m] == history[len - 1 - m]) ++m;
+        if (m >= n && m > best_m) { best_m = m; best_e = e; }  // ties: the most recent (seen first)
+    }
+    return best_e;
 }
 
 ContextDraft PromptLookup::draft(const std::vector<int32_t> & history, const NgramParams & p, int k_max) {
@@ -72,21 +98,19 @@ ContextDraft PromptLookup::draft(const std::vector<int32_t> & history, const Ngr
     const int len = (int) history.size();
     if (k_max <= 0 || len < n + 1) return d;
     index_to(history, n);
-    auto it = ends_.find(hash_tokens(history.data() + len - n, n));
-    if (it == ends_.end()) return d;
-    constexpr int kMaxCandidates = 32, kMaxMatch = 256;
-    int best_e = -1, best_m = 0, seen = 0;
-    const auto & ends = it->second;
-    for (auto e_it = ends.rbegin(); e_it != ends.rend() && seen < kMaxCandidates; ++e_it, ++seen) {
-        const int e = *e_it;
-        int m = 0;  // the match length, ending at e and at len - 1
-        while (m < kMaxMatch && e - m >= 0 && history[e - m] == history[len - 1 - m]) ++m;
-        if (m >= n && m > best_m) { best_m = m; best_e = e; }  // ties: the most recent (seen first)
+    int m = 0, e = -1;
+    if (n < kLong) e = search(long_, kLong, history, m);
+    if (e < 0) e = search(short_, n, history, m);
+    if (e < 0) return d;
+    // the tokens after e; past the end of history the draft continues from its own tokens (a
+    // match close to the end is a repeating pattern: it repeats on)
+    const int n_draft = std::min(k_max, p.simple_size_m);
+    d.tokens.reserve(n_draft);
+    for (int j = 0; j < n_draft; ++j) {
+        const int src = e + 1 + j;
+        d.tokens.push_back(src < len ? history[src] : d.tokens[src - len]);
     }
-    if (best_e < 0) return d;
-    const int n_draft = std::min({k_max, p.simple_size_m, len - 1 - best_e});
-    d.tokens.assign(history.begin() + best_e + 1, history.begin() + best_e + 1 + n_draft);
-    d.match_len = best_m;
+    d.match_len = m;
     return d;
 }
 

@@ -62,10 +62,15 @@ class PromptLookup {
     void clear();
 
   private:
+    // Two n-gram indexes: size_n tokens, and kLong tokens (the candidates of a long match are
+    // then few even where short n-grams repeat hundreds of times, as in code).
+    static constexpr int kLong = 8;
+    using Index = std::unordered_map<uint64_t, std::vector<int32_t>>;  // hash of n tokens -> end indices
     void index_to(const std::vector<int32_t> & history, int n);
-    int n_ = 0;                                   // the n-gram length of the index
+    int search(const Index & idx, int n, const std::vector<int32_t> & history, int & best_m) const;
+    int n_ = 0;                                   // the short index's n-gram length
     std::vector<int32_t> indexed_;                // tokens indexed so far (a prefix of history)
-    std::unordered_map<uint64_t, std::vector<int32_t>> ends_;  // hash of n tokens -> end indices
+    Index short_, long_;
 };
 
 // ngram-mod: llama.cpp's common_ngram_mod table (hash of n tokens -> the token after them).
@@ -86,12 +91,14 @@ class NgramPool {
 };
 
 // P(a context draft is accepted | reached) by source and match length (bins 1..kBins, the last
-// open-ended), from decayed counts with a prior that grows with the match length.
+// open-ended), from decayed counts with a prior that grows with the match length. Draft i of a
+// match of m tokens is keyed m + i: it is reached only when the i drafts before it extended the
+// match (a copy that held for a while tends to hold).
 class ContextCalibration {
   public:
     double predict(int source, int match_len) const;
     void observe(int source, int match_len, bool accepted);
-    static constexpr int kBins = 24;
+    static constexpr int kBins = 48;
     static constexpr double kPrior = 2.0, kDecay = 0.995;
   private:
     static int bin(int m);

@@ -665,7 +665,7 @@ Chunk Engine::step() {
         for (int i = 0; i < k && i <= a; ++i) calib_.observe(drafts_[i].conf, i < a);
     }
     if (use_ctx) {  // and each context source's acceptance by match length
-        for (int i = 0; i < k && i <= a; ++i) ctx_calib_.observe(ctx_src, ctx_match, i < a);
+        for (int i = 0; i < k && i <= a; ++i) ctx_calib_.observe(ctx_src, ctx_match + i, i < a);
     }
     if (k > 0) {
         const int si = use_ctx ? ctx_src : 0;
@@ -678,6 +678,10 @@ Chunk Engine::step() {
     stats_.k_hist[k]++;
     stats_.n_drafted += k;
     stats_.n_accepted += a;
+    if ((int) stats_.pos_reached.size() < k) {  // context drafts can run past the drafter's block
+        stats_.pos_reached.resize(k, 0);
+        stats_.pos_accepted.resize(k, 0);
+    }
     for (int i = 0; i < k && i <= a; ++i) {
         stats_.pos_reached[i]++;
         if (i < a) stats_.pos_accepted[i]++;
@@ -740,7 +744,10 @@ int Engine::context_drafts(int k_cap, bool adaptive, int & source, int & match_l
         if (!(gp_.spec_types & bit)) continue;
         const ContextDraft d = s == 1 ? lookup_.draft(tokens_, gp_.ngram, k_cap) : pool_.draft(tokens_, gp_.ngram, k_cap);
         if (d.tokens.empty()) continue;
-        a.assign(d.tokens.size(), ctx_calib_.predict(s, d.match_len));
+        // draft i is reached only when drafts 0..i-1 were accepted, extending the match by i: its
+        // acceptance is that of a match of match_len + i tokens
+        a.resize(d.tokens.size());
+        for (size_t i = 0; i < a.size(); ++i) a[i] = ctx_calib_.predict(s, d.match_len + (int) i);
         int k = (int) a.size();
         double r = expected_tokens(a, k);
         if (adaptive) k = choose_draft_length(cost_, a, k, 0.0, &r);
