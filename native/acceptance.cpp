@@ -23,7 +23,7 @@ AcceptResult accept_sampled(const std::vector<DraftRow> & drafts, int k, const P
         }
         double tot = 0;
         for (auto & x : resid) { if (x < 0) x = 0; tot += x; }
-        r.next = rng.draw(tot > 0 ? resid : pn);
+        r.next = rng.draw(tot > 0 && fault != kFaultResidualIsP ? resid : pn);
         return r;
     }
     r.next = rng.draw(p_of(k, true));

@@ -37,6 +37,7 @@ enum TestFault : int {
     kFaultPenaltyWithDrafts = 2,     // every verify row's p uses the state after ALL drafts
     kFaultBonusWithoutPenalty = 3,   // residual / bonus drawn from p computed without penalties
     kFaultNoRollback = 4,            // rejected drafts stay in the target's memory (driver.cpp)
+    kFaultResidualIsP = 5,           // after a rejection the next token is drawn from p, not the residual
 };
 
 struct AcceptResult {

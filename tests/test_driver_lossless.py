@@ -47,28 +47,28 @@ def _allowed_mask(V, n_emitted):
     return ok
 
 
-def _probs(eng, ctx, sp, grammar):
+def _probs(eng, ctx, sp, grammar, prompt=PROMPT):
     from dflash2_gguf.sampling import processed_probs
 
-    history = ctx if sp.penalize_prompt else ctx[len(PROMPT):]
+    history = ctx if sp.penalize_prompt else ctx[len(prompt):]
     logits = np.array(eng.target_logits(ctx)[len(ctx) - 1], dtype=np.float32)
     if grammar:
-        logits[_allowed_mask(logits.shape[0], len(ctx) - len(PROMPT)) == 0] = -np.inf
+        logits[_allowed_mask(logits.shape[0], len(ctx) - len(prompt)) == 0] = -np.inf
     return processed_probs(logits, sp, history)
 
 
-def _exact_marginals(dec, sp, grammar=False):
+def _exact_marginals(dec, sp, grammar=False, prompt=PROMPT):
     """Exact P(t1), P(t2), P(t3) of target-only sampling with params ``sp`` (shape [3, V])."""
     eng = dec.engine
-    p1 = _probs(eng, PROMPT, sp, grammar)
+    p1 = _probs(eng, prompt, sp, grammar, prompt)
     V = p1.shape[0]
     m2 = np.zeros(V)
     m3 = np.zeros(V)
     for t1 in np.nonzero(p1)[0]:
-        p2 = _probs(eng, PROMPT + [int(t1)], sp, grammar)
+        p2 = _probs(eng, prompt + [int(t1)], sp, grammar, prompt)
         m2 += p1[t1] * p2
         for t2 in np.nonzero(p2)[0]:
-            p3 = _probs(eng, PROMPT + [int(t1), int(t2)], sp, grammar)
+            p3 = _probs(eng, prompt + [int(t1), int(t2)], sp, grammar, prompt)
             m3 += p1[t1] * p2[t2] * p3
     return np.stack([p1, m2, m3])
 
@@ -88,15 +88,17 @@ def _chi2_pvalue(counts, probs):
     return float(chisquare(obs_b, exp_b).pvalue)
 
 
-def _run(target, drafter, sp, fault=0):
+def _run(target, drafter, sp, fault=0, prompt=PROMPT, **gen):
+    """(p-values of the 3 marginals, fraction of runs whose second token came from a draft);
+    ``gen``: more ``generate`` keywords (e.g. ``spec_type``)."""
     import dataclasses
 
     from dflash2_gguf import DFlashDecoder
 
     with DFlashDecoder(target, None, n_ctx=64, n_threads=1) as alone:
-        exact = _exact_marginals(alone, sp, grammar=bool(sp.grammar))
+        exact = _exact_marginals(alone, sp, grammar=bool(sp.grammar), prompt=prompt)
         if sp.grammar:  # the oracle's mask is the grammar's: same marginals from the driver alone
-            r = alone.generate(PROMPT, max_tokens=3, sampling=sp, ignore_eos=True)
+            r = alone.generate(prompt, max_tokens=3, sampling=sp, ignore_eos=True)
             assert all(_allowed_mask(exact.shape[1], i)[t] for i, t in enumerate(r.tokens))
     V = exact.shape[1]
     counts = np.zeros((3, V))
@@ -105,8 +107,8 @@ def _run(target, drafter, sp, fault=0):
 
     with DFlashDecoder(target, drafter, n_ctx=64, n_threads=1, cost_model=FLAT_COSTS) as dec:
         for seed in range(N_RUNS):
-            r = dec.generate(PROMPT, max_tokens=3, sampling=dataclasses.replace(sp, seed=seed), ignore_eos=True,
-                             _test_fault=fault)
+            r = dec.generate(prompt, max_tokens=3, sampling=dataclasses.replace(sp, seed=seed), ignore_eos=True,
+                             _test_fault=fault, **gen)
             assert len(r.tokens) == 3
             for i, t in enumerate(r.tokens):
                 counts[i, t] += 1

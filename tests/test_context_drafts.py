@@ -1,0 +1,167 @@
+"""Context drafts (``spec_type`` ngram-simple / ngram-mod, native/context_drafter.h) stay lossless
+and pay where the output repeats its context.
+
+- Greedy: SmolLM2-135M asked to repeat a file it was shown gives the target-alone tokens with each
+  source alone, with both, and with both beside the shipped DFlash drafter; the context sources
+  draft and get accepted there.
+- Sampling: the chi-square test of tests/test_driver_lossless.py with context drafts alone, on a
+  prompt that repeats the token the tiny target most expects after it (so drafts are accepted
+  often); negative control: drawing the token after a rejection from p instead of the residual
+  fails it.
+- Penalties and a grammar with context drafts: greedy output equal to the target alone.
+- A hybrid target (tiny qwen35) with context drafts alone rolls back natively and stays exact.
+- ngram-mod's pool outlives a request: the same request again drafts its output from the start.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks/
+
+pytestmark = pytest.mark.native
+
+SHIPPED = Path(__file__).resolve().parents[1] / "models" / "smollm2-135m-dflash2.gguf"
+
+
+def _copy_prompt():
+    code = (Path(__file__).resolve().parents[1] / "dflash2_gguf" / "detok.py").read_text()[:1800]
+    return [{"role": "user", "content": "Here is a Python file:\n```python\n" + code +
+             "\n```\nRepeat the whole file exactly, changing nothing."}]
+
+
+@pytest.fixture(scope="module")
+def smol_alone(native_ext, smollm2_gguf):
+    from dflash2_gguf import DFlashDecoder
+
+    with DFlashDecoder(str(smollm2_gguf), None, n_ctx=2048, n_threads=1) as dec:
+        yield dec.generate(messages=_copy_prompt(), max_tokens=120, temperature=0, ignore_eos=True)
+
+
+@pytest.mark.parametrize("spec_type, drafter", [
+    ("ngram-simple", False), ("ngram-mod", False), ("ngram-simple,ngram-mod", False),
+    (None, True),  # the default with a drafter: draft-dflash, ngram-simple, ngram-mod
+])
+def test_greedy_copy_task_identical(native_ext, smollm2_gguf, smol_alone, spec_type, drafter):
+    from dflash2_gguf import DFlashDecoder
+
+    with DFlashDecoder(str(smollm2_gguf), str(SHIPPED) if drafter else None, n_ctx=2048, n_threads=1) as dec:
+        r = dec.generate(messages=_copy_prompt(), max_tokens=120, temperature=0, ignore_eos=True,
+                         spec_type=spec_type, adaptive=False)
+    assert r.tokens == smol_alone.tokens
+    ctx = {k: v for k, v in r.stats.sources.items() if k.startswith("ngram")}
+    assert sum(v["accepted"] for v in ctx.values()) > 20, r.stats.sources
+    assert r.stats.acceptance_length > 1.5
+    for name, v in r.stats.sources.items():
+        if spec_type is not None and name not in spec_type:
+            assert v["cycles"] == 0, (name, r.stats.sources)
+
+
+def test_adaptive_choice_identical_and_counted(native_ext, smollm2_gguf, smol_alone):
+    """The adaptive default (measured cost model) picks among the sources; same tokens."""
+    from dflash2_gguf import DFlashDecoder
+
+    with DFlashDecoder(str(smollm2_gguf), str(SHIPPED), n_ctx=2048, n_threads=1) as dec:
+        r = dec.generate(messages=_copy_prompt(), max_tokens=120, temperature=0, ignore_eos=True)
+    assert r.tokens == smol_alone.tokens
+    assert r.stats.n_cycles == sum(r.stats.k_hist)
+    assert sum(v["drafted"] for v in r.stats.sources.values()) == r.stats.n_drafted
+    assert sum(v["accepted"] for v in r.stats.sources.values()) == r.stats.n_accepted
+
+
+def _repeat_prompt(target):
+    """A prompt ending inside a repeating pattern of the target's own greedy output: the tiny
+    target falls into such loops, so its likely next tokens are in the context and the context
+    drafts get accepted often enough for the test to see acceptances and residual draws."""
+    from dflash2_gguf import DFlashDecoder
+
+    start = [1, 9, 30, 17, 22]
+    with DFlashDecoder(target, None, n_ctx=64, n_threads=1) as dec:
+        g = dec.generate(start, max_tokens=30, temperature=0, ignore_eos=True).tokens
+    return start + g
+
+
+def test_sampling_lossless_context_drafts(native_ext, tiny_llama):
+    from test_driver_lossless import _run, _sp
+
+    prompt = _repeat_prompt(tiny_llama)
+    pvals, accepted_first = _run(tiny_llama, None, _sp(temperature=0.4), prompt=prompt, spec_type="ngram-simple,ngram-mod")
+    print("p-values", pvals, "second token from a context draft", accepted_first)
+    assert accepted_first > 0.05, accepted_first
+    assert min(pvals) > 1e-3, pvals
+
+
+def test_negative_control_residual_with_context_drafts(native_ext, tiny_llama):
+    """A point-mass draft's q is 1, so the acceptance test alone cannot tell u < p from
+    u * q < p; what a wrong rule breaks is the draw after a rejection (it must exclude the
+    drafted token): drawing it from p instead fails the test."""
+    from test_driver_lossless import _run, _sp
+
+    pvals, _ = _run(tiny_llama, None, _sp(temperature=0.4), fault=5, prompt=_repeat_prompt(tiny_llama),
+                    spec_type="ngram-simple")
+    print("residual-from-p p-values", pvals)
+    assert min(pvals[1:]) < 1e-6, pvals
+
+
+@pytest.mark.parametrize("params", [dict(presence_penalty=1.5, frequency_penalty=0.5, repeat_penalty=1.3),
+                                    dict(grammar='root ::= [a-z_ ():=\\n]+')])
+def test_penalties_and_grammar_greedy(native_ext, smollm2_gguf, params):
+    from dflash2_gguf import DFlashDecoder, SamplingParams
+
+    sp = SamplingParams(temperature=0.0, **params)
+    out = {}
+    for spec in ("none", "ngram-simple,ngram-mod"):
+        with DFlashDecoder(str(smollm2_gguf), None, n_ctx=2048, n_threads=1) as dec:
+            r = dec.generate(messages=_copy_prompt(), max_tokens=80, sampling=sp, ignore_eos=True, spec_type=spec,
+                             adaptive=False)
+        out[spec] = r
+    assert out["ngram-simple,ngram-mod"].stats.n_drafted > 0
+    assert out["ngram-simple,ngram-mod"].tokens == out["none"].tokens
+
+
+def test_hybrid_target_with_context_drafts(native_ext):
+    from benchmarks.tiny_targets import tiny_target
+    from benchmarks.upstream import UpstreamUnavailable
+    from dflash2_gguf import DFlashDecoder, SamplingParams
+    from tiny_models import FLAT_COSTS
+
+    try:
+        t = tiny_target("qwen35")
+    except UpstreamUnavailable as e:
+        pytest.skip(str(e))
+    sp = SamplingParams(temperature=0.0)
+    prompt = [1] + [4, 5, 6, 7, 8, 9, 10] * 6
+    with DFlashDecoder(t, None, n_ctx=512, n_threads=1) as alone:
+        base = alone.generate(prompt, max_tokens=120, sampling=sp, ignore_eos=True)
+    with DFlashDecoder(t, None, n_ctx=512, n_threads=1, cost_model=FLAT_COSTS) as dec:
+        r = dec.generate(prompt, max_tokens=120, sampling=sp, ignore_eos=True, spec_type="ngram-simple", adaptive=False)
+    assert r.stats.rollback == "native" and r.stats.sources["ngram-simple"]["drafted"] > 0
+    assert r.stats.n_rollbacks > 0
+    assert r.tokens == base.tokens
+
+
+def test_ngram_mod_pool_outlives_the_request(native_ext, smollm2_gguf):
+    """The second identical request (no prompt cache) finds the first one's output in the pool."""
+    from dflash2_gguf import DFlashDecoder
+
+    with DFlashDecoder(str(smollm2_gguf), None, n_ctx=2048, n_threads=1) as dec:
+        msgs = [{"role": "user", "content": "Write a short poem about the sea."}]
+        kw = dict(max_tokens=60, temperature=0, ignore_eos=True, spec_type="ngram-mod", adaptive=False,
+                  cache_prompt=False, spec_ngram_mod_n_match=4)
+        first = dec.generate(messages=msgs, **kw)
+        second = dec.generate(messages=msgs, **kw)
+    assert second.tokens == first.tokens
+    assert second.stats.sources["ngram-mod"]["accepted"] > first.stats.sources["ngram-mod"]["accepted"] + 20
+
+
+def test_bad_spec_type_is_refused(native_ext, tiny_llama):
+    from dflash2_gguf import DFlashDecoder
+
+    with DFlashDecoder(tiny_llama, None, n_ctx=64, n_threads=1) as dec:
+        with pytest.raises(ValueError, match="ngram-map-k.*not available here.*ngram-simple"):
+            dec.generate([1, 5], max_tokens=2, spec_type="ngram-map-k")
+        with pytest.raises(ValueError, match="draft-dflash needs a drafter"):
+            dec.generate([1, 5], max_tokens=2, spec_type="draft-dflash")
