@@ -603,12 +603,10 @@ class DFlashDecoder:
         """``spec_type`` as the native SpecType bits (ValueError: an unknown name, or
         draft-dflash without a drafter)."""
         from ._native_loader import native
-        from .params import parse_spec_types
+        from .params import effective_spec_types
 
         n = native()
-        names = parse_spec_types(spec_type)
-        if names is None:
-            names = ("draft-dflash", "ngram-simple", "ngram-mod") if self.has_drafter else ()
+        names = effective_spec_types(spec_type, self.has_drafter)
         if "draft-dflash" in names and not self.has_drafter:
             raise ValueError("spec_type draft-dflash needs a drafter GGUF (this decoder has none)")
         bits = {"draft-dflash": n.SPEC_DFLASH, "ngram-simple": n.SPEC_NGRAM_SIMPLE, "ngram-mod": n.SPEC_NGRAM_MOD}
@@ -679,6 +677,7 @@ class DFlashDecoder:
         adaptive: bool = True,
         n_draft_min: int = 0,
         spec_type: Union[str, Sequence[str], None] = None,
+        spec_accept: str = "rejection",
         spec_ngram_simple_size_n: int = 2,
         spec_ngram_simple_size_m: int = 16,
         spec_ngram_mod_n_match: int = 16,
@@ -729,6 +728,15 @@ class DFlashDecoder:
                 a context match wins, as in llama.cpp); context drafts are point masses, so the
                 output stays exact. Default: all three with a drafter, none without
                 (``native/context_drafter.h``).
+            spec_accept: How drafts are accepted at T > 0. ``"rejection"``: rejection sampling
+                with each draft's probability q (Leviathan et al. 2023): the target's
+                distribution, and the most drafts accepted; a seed gives a text of that
+                distribution, not the target alone's. ``"target-sample"``: llama-server's rule
+                (common/sampling.cpp ``common_sampler_sample_and_accept_n``): each verify row draws
+                the target's own token, one draw per committed token as without a drafter, and a
+                draft is kept when it equals that draw: for a seed, the target-alone text token
+                for token, at the cost of fewer accepted drafts. Greedy (T = 0) is the same
+                either way.
             spec_ngram_simple_size_n / spec_ngram_simple_size_m: ngram-simple's shortest suffix
                 looked up and most drafts (llama.cpp's ``--spec-ngram-simple-size-n/-m``).
             spec_ngram_mod_n_match / spec_ngram_mod_n_max / spec_ngram_mod_n_min: ngram-mod's
@@ -754,6 +762,9 @@ class DFlashDecoder:
             raise ValueError("n_draft_min must be >= 0")
         g.n_draft_min = int(n_draft_min)
         g.spec_types = self._spec_bits(spec_type)
+        if spec_accept not in ("rejection", "target-sample"):
+            raise ValueError(f"spec_accept must be 'rejection' or 'target-sample', not {spec_accept!r}")
+        g.accept_mode = 0 if spec_accept == "rejection" else 1
         ng = g.ngram
         ng.simple_size_n, ng.simple_size_m = int(spec_ngram_simple_size_n), int(spec_ngram_simple_size_m)
         ng.mod_n_match, ng.mod_n_max, ng.mod_n_min = int(spec_ngram_mod_n_match), int(spec_ngram_mod_n_max), int(spec_ngram_mod_n_min)

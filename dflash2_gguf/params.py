@@ -39,7 +39,8 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 __all__ = ["Param", "PARAMS", "APIS", "COMMANDS", "by_name", "select", "table_fields", "add_arguments",
            "values_from_args", "sampling_from_values", "parse_logit_bias", "request_fields", "scalar_params",
-           "rename_request", "parse_seed", "SPEC_TYPE_NAMES", "parse_spec_types"]
+           "rename_request", "parse_seed", "SPEC_TYPE_NAMES", "parse_spec_types",
+           "effective_spec_types"]
 
 #: The HTTP APIs whose request field names an entry declares.
 APIS = ("completion", "chat", "responses", "messages")
@@ -239,6 +240,12 @@ PARAMS: List[Param] = [
           "best expected tokens/s drafts (default: all three with -md, none without)", "draft",
           flags=("--spec-type",), env="LLAMA_ARG_SPEC_TYPE", request=_api("speculative.type", only=_LLAMA),
           native="GenParams.spec_types", props="speculative.types", custom=True, metavar="TYPES"),
+    Param("spec_accept", str, "rejection", "how drafts are accepted at T > 0: rejection (rejection sampling with the "
+          "drafts' probabilities: the target's distribution, most drafts accepted) or target-sample (llama-server's "
+          "rule: the target's own draw per position, a draft kept when equal: for a seed, the text of the target "
+          "alone)", "draft", flags=("--spec-accept",), request=_api("spec_accept", only=_LLAMA),
+          native="GenParams.accept_mode", props="speculative.accept",
+          choices={"rejection": "rejection", "target-sample": "target-sample"}, metavar="rejection|target-sample"),
     Param("spec_ngram_simple_size_n", int, 2, "ngram-simple: the shortest context suffix looked up",
           "draft", flags=("--spec-ngram-simple-size-n",), request=_api("speculative.ngram_size_n", only=_LLAMA),
           native="GenParams.ngram", bounds=dict(ge=1, le=1024), custom=True, metavar="N"),
@@ -281,6 +288,15 @@ def parse_spec_types(value: Any) -> Optional[Tuple[str, ...]]:
         if n != "none" and n not in out:
             out.append(n)
     return tuple(out)
+
+
+def effective_spec_types(value: Any, has_drafter: bool) -> Tuple[str, ...]:
+    """The draft sources a generation uses: :func:`parse_spec_types` of ``value``, or when unset
+    the default: all three with a drafter, none without."""
+    names = parse_spec_types(value)
+    if names is None:
+        names = ("draft-dflash", "ngram-simple", "ngram-mod") if has_drafter else ()
+    return names
 
 
 def by_name(name: str) -> Param:

@@ -30,6 +30,9 @@ struct DraftRow {
     float q_token() const { return q[slot]; }
 };
 
+// GenParams::accept_mode values (driver.h).
+enum AcceptMode : int { kAcceptRejection = 0, kAcceptTargetSample = 1 };
+
 // TEST HOOKS for the negative controls of the lossless tests; never set outside tests.
 enum TestFault : int {
     kFaultNone = 0,

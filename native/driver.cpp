@@ -462,7 +462,11 @@ Chunk Engine::begin(const std::vector<int32_t> & prompt, const GenParams & gp) {
     const int bs = std::max(block_size_ - 1, 1);
     stats_.pos_reached.assign(bs, 0);
     stats_.pos_accepted.assign(bs, 0);
+    if (gp.accept_mode != kAcceptRejection && gp.accept_mode != kAcceptTargetSample) {
+        throw std::invalid_argument("accept_mode must be 0 (rejection sampling) or 1 (target sample)");
+    }
     rng_.seed(gp_.sampling.seed);
+    rng_draft_.seed(gp_.sampling.seed ^ 0x9E3779B97F4A7C15ULL);
     gen_text_.clear();
     gen_from_draft_.clear();
     done_ = false;
@@ -608,7 +612,8 @@ Chunk Engine::step() {
             stats_.t_inject_ms += t_flush - t0;
             t0 = t_flush;
         }
-        k = dft_->draft(anchor, P, k_max, gp_.sampling, state_, rng_, keep, drafts_);
+        k = dft_->draft(anchor, P, k_max, gp_.sampling, state_,
+                        gp_.accept_mode == kAcceptTargetSample ? rng_draft_ : rng_, keep, drafts_);
         draft_ms = now_ms() - t0;
         stats_.t_draft_ms += draft_ms;
         cost_.observe_draft(draft_ms);
@@ -650,6 +655,13 @@ Chunk Engine::step() {
         ar = accept_greedy(drafts_, k, [&](int row) {
             advance_to(row);
             return greedy_token(llama_get_logits_ith(ctx_tgt_, row), row_st);
+        });
+    } else if (gp_.accept_mode == kAcceptTargetSample) {
+        // llama-server's rule (common_sampler_sample_and_accept_n): the target's own draw per
+        // row, from rng_ exactly as the target alone would draw it; a draft counts when equal
+        ar = accept_greedy(drafts_, k, [&](int row) {
+            advance_to(row);
+            return sample_row(row, row_st);
         });
     } else {
         const int fault = gp_.test_fault;

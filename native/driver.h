@@ -71,6 +71,13 @@ struct GenParams {
     bool     cache_prompt = true;  // reuse the longest common prefix with the cached state
     bool     adaptive    = true;   // choose k per cycle (draft_policy.h); false: always n_max
     int      spec_types  = kSpecDflash;  // SpecType bits (context_drafter.h): which sources may draft
+    // How drafts are accepted at T > 0 (greedy is the same either way):
+    //   kAcceptRejection: rejection sampling with the drafts' q (acceptance.h): the target's
+    //     distribution, more drafts accepted; a seed gives another text than the target alone.
+    //   kAcceptTargetSample: llama-server's rule: each verify row draws the target's own token
+    //     (one draw per committed token, as the target alone) and a draft is accepted only when
+    //     it equals it; a seed gives the target-alone text, token for token.
+    int      accept_mode = 0;
     NgramParams ngram;             // the context sources' parameters
     std::vector<std::string> stop; // stop strings (checked on the detokenized output)
     // TEST HOOK (negative controls of the lossless tests, acceptance.h TestFault). Never set it
@@ -231,6 +238,7 @@ class Engine {
     Stats stats_;
     SamplerState state_;           // committed text: penalty window + grammar
     Rng rng_;
+    Rng rng_draft_;                // the drafter's draws under kAcceptTargetSample (rng_ stays the target's)
     int n_prompt_ = 0;
     bool active_ = false, done_ = false;
     std::string gen_text_;

@@ -197,6 +197,7 @@ NB_MODULE(_native, m) {
     nb::class_<dflash2::GenParams>(m, "GenParams")
         .def(nb::init<>())
         .def_rw("spec_types", &dflash2::GenParams::spec_types)
+        .def_rw("accept_mode", &dflash2::GenParams::accept_mode)
         .def_rw("ngram", &dflash2::GenParams::ngram)
         .def_rw("n_predict", &dflash2::GenParams::n_predict)
         .def_rw("sampling", &dflash2::GenParams::sampling)

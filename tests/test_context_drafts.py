@@ -165,3 +165,29 @@ def test_bad_spec_type_is_refused(native_ext, tiny_llama):
             dec.generate([1, 5], max_tokens=2, spec_type="ngram-map-k")
         with pytest.raises(ValueError, match="draft-dflash needs a drafter"):
             dec.generate([1, 5], max_tokens=2, spec_type="draft-dflash")
+
+
+def test_target_sample_acceptance_gives_the_target_alone_text_for_a_seed(native_ext, smollm2_gguf):
+    """spec_accept="target-sample" (llama-server's rule): at T = 1 with the shipped drafter and
+    context drafts, every seed gives the target-alone text token for token; the default rejection
+    sampling gives other texts of the same distribution (tests/test_driver_lossless.py)."""
+    from dflash2_gguf import DFlashDecoder, SamplingParams
+
+    msgs = [{"role": "user", "content": "Natalia sold clips to 48 of her friends in April, and then she sold half "
+                                        "as many clips in May. How many clips did Natalia sell altogether?"}]
+    with DFlashDecoder(str(smollm2_gguf), None, n_ctx=1024, n_threads=1) as dec:
+        alone = [dec.generate(messages=msgs, max_tokens=64, sampling=SamplingParams(temperature=1.0, seed=s)).tokens
+                 for s in range(4)]
+    with DFlashDecoder(str(smollm2_gguf), str(SHIPPED), n_ctx=1024, n_threads=1) as dec:
+        same, other, accepted = [], [], 0
+        for s in range(4):
+            sp = SamplingParams(temperature=1.0, seed=s)
+            r = dec.generate(messages=msgs, max_tokens=64, sampling=sp, spec_accept="target-sample", adaptive=False)
+            same.append(r.tokens)
+            accepted += r.stats.n_accepted
+            other.append(dec.generate(messages=msgs, max_tokens=64, sampling=sp, adaptive=False).tokens)
+        with pytest.raises(ValueError, match="spec_accept"):
+            dec.generate(messages=msgs, max_tokens=4, spec_accept="greedy")
+    assert same == alone
+    assert accepted > 0  # drafts were accepted, not merely skipped
+    assert other != alone

@@ -18,8 +18,11 @@ llama.cpp 0c1e570), every spelling of each; a llama-server command line starts t
   ``-jf``, ``-n/--predict`` (-1 = until end of generation or a full context), ``--ignore-eos``,
   ``--spec-draft-n-max``, ``--spec-draft-n-min``, ``--spec-draft-p-min``, ``--spec-draft-adaptive
   on|off``. A request's own value wins.
-- Speculative: ``--spec-type none|draft-dflash`` (default: draft-dflash with ``-md``, else none;
-  llama.cpp's other types are not available here: a warning, the run is unchanged).
+- Speculative: ``--spec-type`` a comma-separated list of ``draft-dflash``, ``ngram-simple``,
+  ``ngram-mod``, ``none`` (default: all three with ``-md``, else none; each cycle the source with
+  the best expected tokens/s drafts); llama.cpp's other types are not available here: a warning
+  names them and they are left out. ``--spec-accept rejection|target-sample`` and the
+  ``--spec-ngram-*`` flags set the request defaults.
 - Slots: ``-np/--parallel N`` (llama-server's -1 = auto is 4 slots there; here auto = 1, as each
   slot loads its own decoder, see :mod:`.worker`); ``--slots/--no-slots`` (``GET /slots``).
 - Chat: ``--jinja`` (default) / ``--no-jinja``, ``--chat-template TEXT``, ``--chat-template-file F``,
@@ -52,7 +55,7 @@ from typing import Optional, Sequence
 
 __all__ = ["add_arguments", "prepare_argv", "settings_from_args", "run", "main", "bind_sockets"]
 
-SPEC_TYPES = ("none", "draft-dflash")
+SPEC_TYPES = ("none", "draft-dflash", "ngram-simple", "ngram-mod")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -67,8 +70,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p, drafter_required=False)
     p.set_defaults(ctx_size=None)  # serve: the training context capped by memory (server/context.py)
     add_sampling_args(p, "serve")
-    p.add_argument(*spellings("--spec-type"), default=None, metavar="none|draft-dflash",
-                   help="speculative decoding type (default: draft-dflash with -md, else none)")
     p.add_argument(*spellings("-np"), dest="parallel", type=int, default=-1,
                    help="slots (each loads its own decoder; -1 = auto = 1)")
     p.add_argument(*spellings("--slots"), dest="slots", action="store_true", default=True, help="serve GET /slots (default)")
@@ -172,16 +173,18 @@ def settings_from_args(args: argparse.Namespace, *, warn=None):
     md = args.model_draft
     if md is not None and str(md).lower() == "none":
         md = None
-    types = [t.strip() for t in (args.spec_type or "").split(",") if t.strip()]
+    types = [t.strip().lower() for t in (args.spec_type or "").split(",") if t.strip()]
     unknown = [t for t in types if t not in SPEC_TYPES]
     if unknown:
-        warn(f"warning: --spec-type {','.join(unknown)}: not available here (only draft-dflash): ignored")
-    spec = "draft-dflash" if "draft-dflash" in types else ("none" if types else ("draft-dflash" if md else "none"))
-    if spec == "none":
-        md = None
-    elif md is None:
+        warn(f"warning: --spec-type {','.join(unknown)}: not available here ({', '.join(SPEC_TYPES[1:])} are): "
+             "left out")
+    known = [t for t in types if t in SPEC_TYPES and t != "none"]
+    if types and "draft-dflash" not in known:
+        md = None  # no drafter pass asked for: the drafter is not loaded
+    elif "draft-dflash" in known and md is None:
         raise ValueError("--spec-type draft-dflash needs -md DRAFT.gguf")
     gen = values_from_args(args, "serve")
+    gen["spec_type"] = (",".join(known) or "none") if types else None
     sampling_from_values(gen)  # a bad value fails here, naming the flag's parameter
     if gen["n_draft_max"] is not None and gen["n_draft_max"] < 0:
         raise ValueError("--spec-draft-n-max must be >= 0")

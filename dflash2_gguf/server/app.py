@@ -67,7 +67,7 @@ from .chat_output import ChatOutput, ToolPlan, finish_reason_for, plan_tools
 from .context import ModelInfo, read_model_info
 from .errors import APIError, error_body, error_response, from_exception, install_error_handlers, validation_error
 from .metrics import Metrics
-from ..params import PARAMS, table_fields
+from ..params import PARAMS, effective_spec_types, table_fields
 from .types import (ApplyTemplateRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                     LlamaCompletionRequest, TokenizeRequest)
 from .worker import Job, Worker
@@ -100,6 +100,12 @@ def metrics_params(params: dict) -> dict:
     """The ``/slots`` / ``/props`` view of a job's generation settings: llama-server's
     ``only_metrics`` form (no stop strings, bias, grammar, DRY breakers)."""
     return {k: v for k, v in params.items() if k not in _FULL_ONLY_PARAMS}
+
+
+#: Draft-source settings of a request passed on to ``DFlashDecoder.generate`` as they are
+#: (dflash2_gguf/params.py: ``spec_type``, ``spec_accept``, ``spec_ngram_*``).
+_SPEC_KEYS = ("spec_type", "spec_accept", "spec_ngram_simple_size_n", "spec_ngram_simple_size_m",
+              "spec_ngram_mod_n_match", "spec_ngram_mod_n_max", "spec_ngram_mod_n_min")
 
 
 @dataclass(frozen=True)
@@ -438,7 +444,9 @@ class _Service:
             "chat_format": "Content-only", "reasoning_format": fmt,
             "reasoning_in_content": bool(body.stream) and fmt == "deepseek-legacy",
             "generation_prompt": "", "samplers": samplers,
-            "speculative.types": "none,draft-dflash" if drafting else "none",
+            "speculative.types": "none" + "".join(
+                "," + t for t in (effective_spec_types(v.get("spec_type"), s.model_draft is not None) if body.use_drafter
+                                  else ())),
         }
         # every other table entry under its generation_settings key (ours: speculative.n_max /
         # n_min / p_min, the effective per-request draft settings; a new entry shows up here)
@@ -587,7 +595,8 @@ class _Service:
             return dict(prompt=ids, max_tokens=max_tokens, sampling=sampling, stop=stop or None,
                         n_draft_max=v["n_draft_max"], n_draft_min=int(v["n_draft_min"] or 0), p_min=v["p_min"],
                         adaptive=bool(v["adaptive"]), use_drafter=body.use_drafter, ignore_eos=v["ignore_eos"],
-                        cache_prompt=body.cache_prompt)
+                        cache_prompt=body.cache_prompt,
+                        **{k: v[k] for k in _SPEC_KEYS if v.get(k) is not None})
 
         prepare.n_predict = limit  # type: ignore[attr-defined]
         return prepare
@@ -796,7 +805,8 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
                      "size": info.size, "ftype": info.ftype,
                      "target": Path(settings.model).name,
                      "drafter": Path(settings.model_draft).name if settings.model_draft else None,
-                     "spec_type": "draft-dflash" if settings.model_draft else "none",
+                     "spec_type": ",".join(effective_spec_types(settings.spec_type, settings.model_draft is not None))
+                                  or "none",
                      "n_draft_max": settings.n_draft_max},
         }
 

@@ -308,6 +308,19 @@ def resolve(req: Any, settings: Any) -> Dict[str, Any]:
     out["n_draft_max"] = min(nd, cap) if nd is not None and cap is not None else nd
     out["n_draft_min"] = spec["n_min"] if spec["n_min"] is not None else settings.n_draft_min
     out["p_min"] = spec["p_min"] if spec["p_min"] is not None else settings.p_min
+    if spec["type"] is not None:
+        from ..params import parse_spec_types
+
+        try:
+            types = parse_spec_types(spec["type"])
+        except ValueError as e:
+            raise _bad("speculative.type", f"speculative.type: {e}") from None
+        if "draft-dflash" in types and not getattr(settings, "model_draft", None):
+            raise _bad("speculative.type", "speculative.type: draft-dflash needs the server started with -md DRAFT.gguf")
+        out["spec_type"] = ",".join(types) or "none"
+    for key, name in (("ngram_size_n", "spec_ngram_simple_size_n"), ("ngram_size_m", "spec_ngram_simple_size_m")):
+        if spec[key] is not None:
+            out[name] = spec[key]
     out["n_probs"] = req.n_probs_wanted()
     out["stop"] = req.stop_list
     return out

@@ -111,6 +111,9 @@ class SpeculativeOptions(_Lenient):
     n_max: Optional[int] = Field(None, ge=0, le=256, description="drafts verified per cycle (at most)")
     n_min: Optional[int] = Field(None, ge=0, le=256, description="minimum drafts (recorded; no effect yet)")
     p_min: Optional[float] = Field(None, ge=0.0, le=1.0, description="stop reading drafts below this probability")
+    type: Optional[Any] = Field(None, description="speculative types (llama-server's speculative.type)")
+    ngram_size_n: Optional[int] = Field(None, ge=1, le=1024, description="ngram-simple: shortest suffix looked up")
+    ngram_size_m: Optional[int] = Field(None, ge=1, le=1024, description="ngram-simple: most drafts")
 
 
 #: llama-server sampling fields this server does not have -> (neutral value, what it is).
@@ -182,6 +185,9 @@ class GenerationFields(_table_model()):
     spec_n_max: Optional[int] = Field(None, ge=0, le=256, alias="speculative.n_max")
     spec_n_min: Optional[int] = Field(None, ge=0, le=256, alias="speculative.n_min")
     spec_p_min: Optional[float] = Field(None, ge=0.0, le=1.0, alias="speculative.p_min")
+    spec_type: Optional[Any] = Field(None, alias="speculative.type")
+    spec_ngram_size_n: Optional[int] = Field(None, ge=1, le=1024, alias="speculative.ngram_size_n")
+    spec_ngram_size_m: Optional[int] = Field(None, ge=1, le=1024, alias="speculative.ngram_size_m")
     # llama-server samplers this server does not have: neutral values only
     mirostat: Optional[int] = Field(None, ge=0, le=2)
     dry_multiplier: Optional[float] = None
@@ -255,7 +261,13 @@ class GenerationFields(_table_model()):
         n_max = next((v for v in (self.spec_n_max, nested.n_max, self.n_draft_max) if v is not None), None)
         n_min = self.spec_n_min if self.spec_n_min is not None else nested.n_min
         p_min = self.spec_p_min if self.spec_p_min is not None else nested.p_min
-        return {"n_max": n_max, "n_min": n_min, "p_min": p_min}
+
+        def pick(flat, sub):
+            return flat if flat is not None else sub
+
+        return {"n_max": n_max, "n_min": n_min, "p_min": p_min, "type": pick(self.spec_type, nested.type),
+                "ngram_size_n": pick(self.spec_ngram_size_n, nested.ngram_size_n),
+                "ngram_size_m": pick(self.spec_ngram_size_m, nested.ngram_size_m)}
 
 
 class CompletionRequest(GenerationFields):
