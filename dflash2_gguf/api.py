@@ -78,6 +78,7 @@ class GenerationStats:
         t_rollback_s: Seconds in state copies, restores, re-decodes and tail removals.
         n_checkpoints: Prompt checkpoints the target holds after this generation (targets with a
             recurrent state or a sliding window: what a later prompt can reuse).
+        n_ctx_shifts: Context shifts (``context_shift``) during this generation.
         sources: Per draft source (``"draft-dflash"``, ``"ngram-simple"``, ``"ngram-mod"``):
             ``{"cycles": cycles its drafts were verified in, "drafted": drafts verified,
             "accepted": drafts accepted}``.
@@ -113,6 +114,7 @@ class GenerationStats:
     t_rollback_s: float = 0.0
     n_checkpoints: int = 0
     sources: dict = dataclasses.field(default_factory=dict)
+    n_ctx_shifts: int = 0
 
     @classmethod
     def _from_native(cls, d: Mapping[str, Any]) -> "GenerationStats":
@@ -151,6 +153,7 @@ class GenerationStats:
             n_redecoded=int(d["n_redecoded"]),
             t_rollback_s=d["t_rollback_ms"] / 1000.0,
             n_checkpoints=int(d["n_checkpoints"]),
+            n_ctx_shifts=int(d["n_ctx_shifts"]),
             sources={str(k): {kk: int(vv) for kk, vv in v.items()} for k, v in d["sources"].items()},
         )
 
@@ -678,6 +681,9 @@ class DFlashDecoder:
         n_draft_min: int = 0,
         spec_type: Union[str, Sequence[str], None] = None,
         spec_accept: str = "rejection",
+        context_shift: bool = False,
+        n_keep: int = 0,
+        n_discard: int = 0,
         spec_ngram_simple_size_n: int = 2,
         spec_ngram_simple_size_m: int = 16,
         spec_ngram_mod_n_match: int = 16,
@@ -737,6 +743,12 @@ class DFlashDecoder:
                 draft is kept when it equals that draw: for a seed, the target-alone text token
                 for token, at the cost of fewer accepted drafts. Greedy (T = 0) is the same
                 either way.
+            context_shift: When prompt + output fill ``n_ctx``, drop ``n_discard`` tokens (0: half
+                of those after ``n_keep``) after the first ``n_keep`` (-1: the whole prompt; a BOS
+                is kept on top) from the target's and the drafter's caches and go on, as
+                llama-server's ``--context-shift`` does. Without it the generation ends with
+                stop reason ``"context"``. Targets with a recurrent state cannot shift
+                (UnsupportedError).
             spec_ngram_simple_size_n / spec_ngram_simple_size_m: ngram-simple's shortest suffix
                 looked up and most drafts (llama.cpp's ``--spec-ngram-simple-size-n/-m``).
             spec_ngram_mod_n_match / spec_ngram_mod_n_max / spec_ngram_mod_n_min: ngram-mod's
@@ -765,6 +777,7 @@ class DFlashDecoder:
         if spec_accept not in ("rejection", "target-sample"):
             raise ValueError(f"spec_accept must be 'rejection' or 'target-sample', not {spec_accept!r}")
         g.accept_mode = 0 if spec_accept == "rejection" else 1
+        g.context_shift, g.n_keep, g.n_discard = bool(context_shift), int(n_keep), int(n_discard)
         ng = g.ngram
         ng.simple_size_n, ng.simple_size_m = int(spec_ngram_simple_size_n), int(spec_ngram_simple_size_m)
         ng.mod_n_match, ng.mod_n_max, ng.mod_n_min = int(spec_ngram_mod_n_match), int(spec_ngram_mod_n_max), int(spec_ngram_mod_n_min)

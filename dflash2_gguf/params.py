@@ -246,6 +246,12 @@ PARAMS: List[Param] = [
           "alone)", "draft", flags=("--spec-accept",), request=_api("spec_accept", only=_LLAMA),
           native="GenParams.accept_mode", props="speculative.accept",
           choices={"rejection": "rejection", "target-sample": "target-sample"}, metavar="rejection|target-sample"),
+    Param("context_shift", bool, False, "when the context fills, drop half of what follows --keep and go on "
+          "(llama-server's --context-shift)", "limits", flags=("--context-shift",), native="GenParams.context_shift",
+          commands=("generate",)),
+    Param("n_keep", int, 0, "with --context-shift: tokens at the start never dropped (-1: the whole prompt; a BOS "
+          "is kept on top)", "limits", flags=("--keep",), native="GenParams.n_keep", bounds=dict(ge=-1),
+          commands=("generate",), metavar="N"),
     Param("spec_ngram_simple_size_n", int, 2, "ngram-simple: the shortest context suffix looked up",
           "draft", flags=("--spec-ngram-simple-size-n",), request=_api("speculative.ngram_size_n", only=_LLAMA),
           native="GenParams.ngram", bounds=dict(ge=1, le=1024), custom=True, metavar="N"),

@@ -254,6 +254,7 @@ void Engine::commit(Chunk & c, int32_t tok, bool from_draft, const float * raw) 
     }
     state_.accept(tok);
     tokens_.push_back(tok);
+    gen_tokens_.push_back(tok);
     c.tokens.push_back(tok);
     c.from_draft.push_back(from_draft ? 1 : 0);
     gen_from_draft_.push_back(from_draft ? 1 : 0);
@@ -469,6 +470,14 @@ Chunk Engine::begin(const std::vector<int32_t> & prompt, const GenParams & gp) {
     rng_draft_.seed(gp_.sampling.seed ^ 0x9E3779B97F4A7C15ULL);
     gen_text_.clear();
     gen_from_draft_.clear();
+    gen_tokens_.clear();
+    if (gp.context_shift) {
+        if (!llama_memory_can_shift(llama_get_memory(ctx_tgt_)) || mem_->recurrent()) {
+            throw Error(kErrUnsupported, "context shift is not supported by this target ('" + arch_tgt_ +
+                "': its memory cannot be shifted); use a larger context (-c) instead");
+        }
+        if (gp.n_keep < -1 || gp.n_discard < 0) throw std::invalid_argument("n_keep must be >= -1 and n_discard >= 0");
+    }
     done_ = false;
     const double t0 = now_ms();
     t_begin_ = t0;
@@ -543,6 +552,7 @@ Chunk Engine::step() {
     if (!active_) throw Error(kErrInternal, "step() called before begin()");
     Chunk c;
     if (done_) { c.done = true; return c; }
+    if (gp_.context_shift && n_past_ + 1 >= n_ctx_tgt_) shift_context();
     const int P = n_past_;
     const int32_t anchor = tokens_.back();
     const int remaining = (int) (gp_.n_predict - stats_.n_generated);
@@ -554,7 +564,9 @@ Chunk Engine::step() {
     }
     int k_max = 0;
     const bool drafting = dft_ != nullptr && gp_.use_drafter;  // the drafter's features are kept
-    const int k_cap = std::max(0, std::min(remaining - 1, n_ctx_tgt_ - 1 - P));
+    // with a context shift the cycle stops one cell short, so that the shift comes at the same
+    // position as without drafts (P + 1 == n_ctx) and the text stays the target's
+    const int k_cap = std::max(0, std::min(remaining - 1, n_ctx_tgt_ - (gp_.context_shift ? 2 : 1) - P));
     if (drafting && (gp_.spec_types & kSpecDflash) && n_dft_valid_ + n_pending_ == P && P + block_size_ <= n_ctx_dft_) {
         k_max = block_size_ - 1;
         if (gp_.n_draft_max >= 0) k_max = std::min(k_max, gp_.n_draft_max);
@@ -744,6 +756,35 @@ Chunk Engine::step() {
     return c;
 }
 
+// llama-server's context shift (tools/server/server-context.cpp, pre_decode at 0c1e570): keep the
+// first n_keep tokens (a BOS on top), drop n_discard after them, move the rest down by n_discard
+// in the target's cache and the drafter's (its injected features: RoPE'd K/V shift the same way).
+void Engine::shift_context() {
+    int n_keep = gp_.n_keep < 0 ? n_prompt_ : gp_.n_keep;
+    if (llama_vocab_get_add_bos(llama_model_get_vocab(model_tgt_))) n_keep += 1;
+    n_keep = std::max(0, std::min(n_ctx_tgt_ - 4, n_keep));
+    const int n_left = n_past_ - n_keep;
+    int n_discard = gp_.n_discard > 0 ? gp_.n_discard : n_left / 2;
+    n_discard = std::clamp(n_discard, 0, std::max(0, n_left - 1));
+    if (n_discard == 0) return;
+    llama_memory_t mem = llama_get_memory(ctx_tgt_);
+    llama_memory_seq_rm(mem, 0, n_keep, n_keep + n_discard);
+    llama_memory_seq_add(mem, 0, n_keep + n_discard, n_past_, -n_discard);
+    if (dft_) {
+        flush_pending();  // the waiting features go in first, then move with the rest
+        llama_memory_t dmem = llama_get_memory(dft_->ctx());
+        llama_memory_seq_rm(dmem, 0, n_keep, n_keep + n_discard);
+        llama_memory_seq_add(dmem, 0, n_keep + n_discard, n_dft_valid_, -n_discard);
+        if (n_dft_valid_ >= n_keep + n_discard) n_dft_valid_ -= n_discard;
+        else if (n_dft_valid_ > n_keep) n_dft_valid_ = n_keep;
+    }
+    tokens_.erase(tokens_.begin() + n_keep, tokens_.begin() + n_keep + n_discard);
+    n_past_ -= n_discard;
+    n_prompt_ = std::max(0, n_prompt_ - std::max(0, std::min(n_discard, n_prompt_ - n_keep)));
+    mem_->checkpoints().clear();  // their positions are gone
+    stats_.n_ctx_shifts++;
+}
+
 // Context drafts for this cycle (context_drafter.h): each enabled source looks the context up;
 // the one whose best k (by the cost model, or its whole draft without adaptation) promises the
 // most tokens per millisecond fills drafts_ with point masses. Returns that k (0: none).
@@ -785,12 +826,12 @@ int Engine::context_drafts(int k_cap, bool adaptive, int & source, int & match_l
 std::vector<int32_t> Engine::generate(const std::vector<int32_t> & prompt, const GenParams & gp,
                                       const std::function<bool(const Chunk &)> & on_chunk) {
     Chunk c = begin(prompt, gp);
-    if (on_chunk && !on_chunk(c)) return std::vector<int32_t>(tokens_.begin() + n_prompt_, tokens_.end());
+    if (on_chunk && !on_chunk(c)) return gen_tokens_;
     while (!c.done) {
         c = step();
         if (on_chunk && !on_chunk(c)) break;
     }
-    return std::vector<int32_t>(tokens_.begin() + n_prompt_, tokens_.end());
+    return gen_tokens_;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -78,6 +78,12 @@ struct GenParams {
     //     (one draw per committed token, as the target alone) and a draft is accepted only when
     //     it equals it; a seed gives the target-alone text, token for token.
     int      accept_mode = 0;
+    // llama-server's --context-shift: when the context fills, drop n_discard tokens after the
+    // first n_keep (-1: the whole prompt; a BOS is kept on top) and move the rest down, in the
+    // target's and the drafter's caches; n_discard 0: half of what follows n_keep.
+    bool     context_shift = false;
+    int      n_keep      = 0;
+    int      n_discard   = 0;
     NgramParams ngram;             // the context sources' parameters
     std::vector<std::string> stop; // stop strings (checked on the detokenized output)
     // TEST HOOK (negative controls of the lossless tests, acceptance.h TestFault). Never set it
@@ -114,6 +120,7 @@ struct Stats {
     int64_t n_redecoded = 0;    // tokens decoded again after a checkpoint restore
     double t_rollback_ms = 0;   // checkpoint copies, restores, re-decodes and seq_rm calls
     int64_t n_checkpoints = 0;  // prompt checkpoints held after this generation
+    int64_t n_ctx_shifts = 0;   // context shifts (GenParams::context_shift)
     // per draft source (context_drafter.h source_name: 0 dflash, 1 ngram-simple, 2 ngram-mod)
     int64_t src_cycles[kNumSources] = {};    // cycles whose drafts came from the source
     int64_t src_drafted[kNumSources] = {};   // drafts it sent to verification
@@ -243,6 +250,8 @@ class Engine {
     bool active_ = false, done_ = false;
     std::string gen_text_;
     std::vector<uint8_t> gen_from_draft_;
+    std::vector<int32_t> gen_tokens_;  // this generation's committed tokens (tokens_ loses some to a context shift)
+    void shift_context();
     double t_begin_ = 0;
 
     // context drafts

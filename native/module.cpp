@@ -89,6 +89,7 @@ nb::dict stats_dict(const dflash2::Stats & s) {
     d["n_redecoded"] = s.n_redecoded;
     d["t_rollback_ms"] = s.t_rollback_ms;
     d["n_checkpoints"] = s.n_checkpoints;
+    d["n_ctx_shifts"] = s.n_ctx_shifts;
     nb::dict src;
     for (int i = 0; i < dflash2::kNumSources; ++i) {
         nb::dict e;
@@ -198,6 +199,9 @@ NB_MODULE(_native, m) {
         .def(nb::init<>())
         .def_rw("spec_types", &dflash2::GenParams::spec_types)
         .def_rw("accept_mode", &dflash2::GenParams::accept_mode)
+        .def_rw("context_shift", &dflash2::GenParams::context_shift)
+        .def_rw("n_keep", &dflash2::GenParams::n_keep)
+        .def_rw("n_discard", &dflash2::GenParams::n_discard)
         .def_rw("ngram", &dflash2::GenParams::ngram)
         .def_rw("n_predict", &dflash2::GenParams::n_predict)
         .def_rw("sampling", &dflash2::GenParams::sampling)

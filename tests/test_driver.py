@@ -312,3 +312,25 @@ def test_short_drafter_context(native_ext, tiny_peaked):
         r = dec.generate(ids, max_tokens=30, sampling=greedy(), ignore_eos=True)
         assert r.tokens == alone.generate(ids, max_tokens=30, sampling=greedy(), ignore_eos=True).tokens
         assert 0 < r.stats.n_drafted < r.stats.n_cycles * (dec.block_size - 1)
+
+
+def test_context_shift_with_drafter_equals_target_alone(native_ext, tiny_peaked):
+    """llama-server's --context-shift: a 64-cell context generating 150 tokens shifts several times;
+    with a drafter the shifts come at the same positions and the greedy text is the target's."""
+    from tiny_models import FLAT_COSTS
+
+    from dflash2_gguf import DFlashDecoder, SamplingParams
+
+    target, drafters = tiny_peaked
+    sp = SamplingParams.greedy_params()
+    prompt = [1, 5, 9, 14, 20, 7, 7, 33, 12, 40]
+    kw = dict(max_tokens=150, sampling=sp, ignore_eos=True, context_shift=True, n_keep=4)
+    with DFlashDecoder(target, None, n_ctx=64, n_threads=1) as dec:
+        alone = dec.generate(prompt, **kw)
+        short = dec.generate(prompt, max_tokens=150, sampling=sp, ignore_eos=True)
+    assert alone.stats.n_ctx_shifts >= 3 and len(alone.tokens) == 150
+    assert short.stats.stop_reason == "context" and len(short.tokens) < 64
+    with DFlashDecoder(target, drafters[2], n_ctx=64, n_threads=1, cost_model=FLAT_COSTS) as dec:
+        spec = dec.generate(prompt, adaptive=False, **kw)
+    assert spec.stats.n_ctx_shifts == alone.stats.n_ctx_shifts and spec.stats.n_accepted > 0
+    assert spec.tokens == alone.tokens
