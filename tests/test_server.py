@@ -435,7 +435,7 @@ def test_serve_flags(tmp_path):
     assert settings_from_args(a).model_draft is None
     a = build_parser().parse_args(["serve", "-m", str(t)])
     s = settings_from_args(a)
-    assert s.model_draft is None and s.n_ctx == 4096 and s.model_id == "t.gguf"
+    assert s.model_draft is None and s.n_ctx == 4096 and s.model_id == str(t) and s.aliases == [str(t)]
     with pytest.raises(ValueError):
         settings_from_args(build_parser().parse_args(["serve", "-m", str(t), "--spec-type", "draft-dflash"]))
 
