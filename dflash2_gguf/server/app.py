@@ -21,7 +21,8 @@ Endpoints, as llama-server's README and tools/server/server.cpp at llama.cpp 0c1
   (:mod:`.chat_output`); ``POST /v1/responses`` (OpenAI Responses API, :mod:`.responses_api`) and
   ``POST /v1/messages`` (Anthropic Messages API, :mod:`.messages_api`), both translated into a
   chat request and run through the same pipeline; token counts ``/v1/responses/input_tokens``,
-  ``/v1/chat/completions/input_tokens``, ``/v1/messages/count_tokens``.
+  ``/v1/chat/completions/input_tokens`` (both also without ``/v1``, as llama-server routes them),
+  ``/v1/messages/count_tokens``.
 - Not served (404, documented out of scope): embeddings, reranking, infill, LoRA adapters, slot
   save/restore, router mode, ``/v1/chat/completions/control``.
 - ``GET /`` (``/index.html``, ``/webui/<asset>``): the web page (:mod:`.web`), public.
@@ -39,7 +40,8 @@ CORS (llama-server's ``--cors-*`` flags, header for header, :class:`.web.LlamaCo
 any ``Origin`` is reflected with credentials allowed; ``localhost`` reflects only local origins;
 every ``OPTIONS`` is answered 200 with the CORS headers before auth.
 
-Context: a prompt of ``n_ctx`` tokens or more is a 400 ``exceed_context_size_error`` with
+Context: ``n_ctx`` is one slot's (``-c`` split across the slots, :mod:`.context`); a prompt of
+``n_ctx`` tokens or more is a 400 ``exceed_context_size_error`` with
 ``n_prompt_tokens`` and ``n_ctx``; a generation that fills the context stops with
 ``finish_reason`` "length" (llama-server's behaviour without context shift).
 """
