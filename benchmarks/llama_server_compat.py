@@ -14,8 +14,12 @@ fetches (the llama-cpp-python 0.3.36 sdist), configured with ``-DLLAMA_BUILD_SER
 
 What is compared, per case (:data:`CASES`): the HTTP status, and the set of keys of the JSON
 response (nested objects as ``a.b``, the first element of lists as ``a[0].b``; streamed
-responses: the keys of the first and the last event). Values are not compared (texts, timings
-and ids differ by nature), except the CORS headers (``Access-Control-*``), compared by value. Differences listed in :data:`DOCUMENTED` are the documented ones
+responses: the keys of the first and the last event, and of the first three as ``first3``).
+Values are not compared (texts, timings and ids differ by nature), except the CORS headers
+(``Access-Control-*``) and a case's ``values`` (key paths compared by value: the per-slot
+context, the model id, aliases and tags). ``--start`` runs both servers as
+``-c CTX -np 2 --alias b-alias,a-alias --tags y,x`` so that the per-slot split (llama-server:
+``-c`` across the slots) and the alias sets are compared. Differences listed in :data:`DOCUMENTED` are the documented ones
 (README "Serve it"); the report marks them, and any other difference is a bug to fix.
 """
 
@@ -42,7 +46,7 @@ CHAT = [{"role": "user", "content": "What is 2 + 2?"}]
 @dataclass(frozen=True)
 class Case:
     """One request: ``name``, ``method``, ``path``, JSON ``body`` (or raw ``data`` with
-    ``headers``), ``stream`` (read SSE events)."""
+    ``headers``), ``stream`` (read SSE events), ``values`` (key paths compared by value)."""
 
     name: str
     method: str
@@ -51,16 +55,20 @@ class Case:
     data: Optional[bytes] = None
     headers: Optional[dict] = None
     stream: bool = False
+    values: tuple = ()
 
 
 CASES: List[Case] = [
     Case("health", "GET", "/health"),
-    Case("models", "GET", "/v1/models"),
+    Case("models", "GET", "/v1/models",
+         values=("data[0].id", "data[0].aliases", "data[0].tags", "data[0].meta.n_ctx", "models[0].name")),
     Case("models-no-v1", "GET", "/models"),
-    Case("props", "GET", "/props"),
-    Case("slots", "GET", "/slots"),
+    Case("props", "GET", "/props", values=("default_generation_settings.n_ctx", "total_slots", "model_alias")),
+    Case("slots", "GET", "/slots", values=("[0].n_ctx",)),
     Case("tokenize", "POST", "/tokenize", {"content": "Hello world"}),
     Case("tokenize-pieces", "POST", "/tokenize", {"content": "Hello", "with_pieces": True}),
+    Case("tokenize-add-special", "POST", "/tokenize", {"content": ["Hello", 5], "add_special": True,
+                                                       "with_pieces": True}, values=("tokens",)),
     Case("detokenize", "POST", "/detokenize", {"tokens": [1, 2, 3]}),
     Case("apply-template", "POST", "/apply-template", {"messages": CHAT}),
     Case("completion", "POST", "/completion", {"prompt": "Hello", "n_predict": 4, "temperature": 0}),
@@ -90,6 +98,21 @@ CASES: List[Case] = [
          {"messages": CHAT + [{"role": "assistant", "content": "It is"}], "max_tokens": 2}),
     Case("chat-stream", "POST", "/v1/chat/completions", {"messages": CHAT, "max_tokens": 3, "stream": True},
          stream=True),
+    Case("chat-stream-timings", "POST", "/v1/chat/completions",
+         {"messages": CHAT, "max_tokens": 3, "stream": True, "timings_per_token": True}, stream=True),
+    Case("chat-stream-progress", "POST", "/v1/chat/completions",
+         {"messages": CHAT, "max_tokens": 3, "stream": True, "timings_per_token": True, "return_progress": True},
+         stream=True),
+    Case("v1-completions-stream-progress", "POST", "/v1/completions",
+         {"prompt": "Hi", "max_tokens": 3, "stream": True, "return_progress": True}, stream=True),
+    Case("chat-input-tokens", "POST", "/chat/completions/input_tokens", {"messages": CHAT},
+         values=("input_tokens", "object")),
+    Case("chat-input-tokens-v1", "POST", "/v1/chat/completions/input_tokens",
+         {"messages": CHAT + [{"role": "assistant", "content": "It is "}]}, values=("input_tokens",)),
+    Case("responses-input-tokens", "POST", "/responses/input_tokens", {"input": "What is 2 + 2?"},
+         values=("input_tokens",)),
+    Case("apply-template-continue", "POST", "/apply-template",
+         {"messages": CHAT + [{"role": "assistant", "content": "It is "}]}, values=("prompt",)),
     Case("chat-plain-curl-body", "POST", "/v1/chat/completions",
          data=json.dumps({"messages": CHAT, "max_tokens": 2}).encode(),
          headers={"Content-Type": "application/x-www-form-urlencoded"}),
@@ -176,16 +199,31 @@ def probe(base: str, case: Case, api_key: Optional[str] = None, timeout: float =
             if status != 200:
                 r.read()
         keys = set()
+        cors = _cors_headers(r)
         if events:
             keys = {f"first:{k}" for k in key_paths(events[0])} | {f"last:{k}" for k in key_paths(events[-1])}
-            cors = _cors_headers(r)
-        return {"status": status, "keys": keys, "headers": cors}
+            for i, e in enumerate(events[:3]):
+                keys |= {f"first3[{i}]:{k}" for k in key_paths(e)}
+        return {"status": status, "keys": keys, "headers": cors, "values": {}}
     r = httpx.request(case.method, base + case.path, **kw)
     try:
         body = r.json()
     except ValueError:
         body = None
-    return {"status": r.status_code, "keys": key_paths(body), "headers": _cors_headers(r)}
+    return {"status": r.status_code, "keys": key_paths(body), "headers": _cors_headers(r),
+            "values": {p: value_at(body, p) for p in case.values}}
+
+
+def value_at(obj: Any, path: str) -> Any:
+    """The value at a :func:`key_paths` path (``a.b``, ``a[0].b``, ``[0].n_ctx``); None if absent."""
+    import re
+
+    for name, index in re.findall(r"([^.\[\]]+)|\[(\d+)\]", path):
+        if index:
+            obj = obj[int(index)] if isinstance(obj, list) and int(index) < len(obj) else None
+        else:
+            obj = obj.get(name) if isinstance(obj, dict) else None
+    return obj
 
 
 def _documented(case: str, what: str) -> Optional[str]:
@@ -214,6 +252,12 @@ def compare(ours: Dict[str, dict], theirs: Dict[str, dict]) -> List[dict]:
         for k in sorted(o["keys"] ^ t["keys"]):
             diffs.append({"case": name, "what": k, "ours": k in o["keys"], "theirs": k in t["keys"],
                           "documented": _documented(name, k)})
+        ov, tv = o.get("values", {}), t.get("values", {})
+        for k in sorted(set(ov) | set(tv)):
+            if ov.get(k) != tv.get(k):
+                what = f"value {k}"
+                diffs.append({"case": name, "what": what, "ours": ov.get(k), "theirs": tv.get(k),
+                              "documented": _documented(name, what)})
         oh, th = o.get("headers", {}), t.get("headers", {})
         for h in sorted(set(oh) | set(th)):
             if oh.get(h) != th.get(h):
@@ -316,9 +360,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             if not a.model:
                 p.error("--start needs -m TARGET.gguf")
             po, pt = _free_port(), _free_port()
-            common = ["-m", a.model, "-c", str(a.ctx_size), "--port"]
+            # -np 2: the per-slot split of -c; the aliases and tags out of order: llama-server's sets
+            common = ["-m", a.model, "-c", str(a.ctx_size), "-np", "2", "--alias", "b-alias,a-alias",
+                      "--tags", "y,x", "--port"]
             spec = ["-md", a.model_draft, "--spec-type", "draft-dflash"] if a.model_draft else []
-            procs.append(subprocess.Popen([str(build_llama_server()), *common, str(pt), "-np", "1", *spec]))
+            procs.append(subprocess.Popen([str(build_llama_server()), *common, str(pt), *spec]))
             procs.append(subprocess.Popen([sys.executable, "-m", "dflash2_gguf.server", *common, str(po), *spec]))
             a.ours, a.theirs = f"http://127.0.0.1:{po}", f"http://127.0.0.1:{pt}"
             _wait(a.theirs, procs[0])

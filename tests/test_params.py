@@ -261,6 +261,8 @@ def _argv_for(o, flag, tmp_path, gguf):
             ["--ssl-cert-file", "c.pem", "--ssl-key-file", "k.pem"]
     if first in _VALUES:
         return [flag, _VALUES[first]]
+    if first == "--path":  # a folder that exists (llama-server refuses a missing one too)
+        return [flag, str(tmp_path)]
     return [flag, *(["1"] * len(o["values"]))]
 
 

@@ -435,7 +435,7 @@ def test_serve_flags(tmp_path):
     assert settings_from_args(a).model_draft is None
     a = build_parser().parse_args(["serve", "-m", str(t)])
     s = settings_from_args(a)
-    assert s.model_draft is None and s.n_ctx == 4096 and s.model_id == "t.gguf"
+    assert s.model_draft is None and s.n_ctx == 4096 and s.model_id == str(t) and s.aliases == [str(t)]
     with pytest.raises(ValueError):
         settings_from_args(build_parser().parse_args(["serve", "-m", str(t), "--spec-type", "draft-dflash"]))
 
@@ -619,8 +619,9 @@ def test_stream_timings_per_token_and_progress(tmp_path):
         body = {"prompt": "hi", "n_predict": 2, "stream": True, "timings_per_token": True, "return_progress": True}
         with httpx.stream("POST", srv.url + "/completion", json=body, timeout=30) as r:
             ev = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: ")]
-        assert ev[0]["prompt_progress"]["total"] == 3 and ev[0]["prompt_progress"]["processed"] == 3
-        assert all("timings" in e for e in ev) and ev[-1]["stop"] is True  # the progress event too
+        # llama-server's two progress events: the start (the cache processed), then the prompt done
+        assert [(e["prompt_progress"]["total"], e["prompt_progress"]["processed"]) for e in ev[:2]] == [(3, 0), (3, 3)]
+        assert all("timings" in e for e in ev) and ev[-1]["stop"] is True  # the progress events too
         assert "".join(e["content"] for e in ev) == "ab"
 
 
@@ -695,7 +696,8 @@ def test_serve_llama_server_flags(tmp_path):
         (0.2, 7, 33, 3, False, "{{ messages }}")
     assert (s.n_draft_min, s.cors_origins, s.aliases, s.tag_list, s.endpoint_slots) == \
         (2, "localhost", ["a", "b"], ["x"], False)
-    assert a.host == "127.0.0.1,::1" and s.n_ctx == 4096  # -c 0 on a file without metadata: 4096
+    # -c 0 on a file without metadata: 4096, split across the 3 slots as llama.cpp (padded to 256)
+    assert a.host == "127.0.0.1,::1" and s.n_ctx == 1536
     with pytest.raises(ValueError, match="context-shift"):
         settings_from_args(build_parser().parse_args(["serve", "-m", str(t), "--context-shift"]))
     from dflash2_gguf.server.__main__ import bind_sockets

@@ -8,7 +8,10 @@ llama.cpp 0c1e570), every spelling of each; a llama-server command line starts t
     LLAMA_ARG_MODEL=TARGET.gguf LLAMA_ARG_PORT=9000 dflash2-gguf serve -b 512 -ctk q8_0 --mlock ...
 
 - Model and context: ``-m``, ``-md``, ``-c`` (not given: the GGUF's training context capped by
-  memory, see :mod:`.context`; ``-c 0``: the training context; ``-c N``: N tokens per slot),
+  memory, see :mod:`.context`; ``-c 0``: the training context; ``-c N``: N tokens, split across
+  the slots as llama-server splits them: ``-c 1024 -np 2`` gives each slot 512),
+  ``-kvu/--kv-unified`` (each slot gets the whole ``-c``; here each slot then holds a pool of its
+  own), ``--kv-unified-per-slot N`` (a cap per slot; without ``-c``, the pool is ``-np`` x N),
   ``-cd``, ``-t``, ``-td``, ``-ngl``, ``-ngld``, ``-fa``, ``-nr``, ``-v`` (llama.cpp's log and
   llama-server's ``__verbose`` in responses).
 - Request defaults: every generation parameter of :data:`dflash2_gguf.params.PARAMS` that
@@ -25,6 +28,10 @@ llama.cpp 0c1e570), every spelling of each; a llama-server command line starts t
   ``--spec-ngram-*`` flags set the request defaults.
 - Slots: ``-np/--parallel N`` (llama-server's -1 = auto is 4 slots there; here auto = 1, as each
   slot loads its own decoder, see :mod:`.worker`); ``--slots/--no-slots`` (``GET /slots``).
+- Web page: ``--ui/--webui`` (default) / ``--no-ui/--no-webui`` (no page: ``GET /`` is a 404, as
+  llama-server's); ``--path DIR`` serves the files of DIR at ``/`` instead of the shipped page
+  (``/`` is ``DIR/index.html``; like llama-server's mount point, a file shadows an endpoint of
+  the same path, and only ``/`` is public with an API key set).
 - Chat: ``--jinja`` (default) / ``--no-jinja``, ``--chat-template TEXT``, ``--chat-template-file F``,
   ``--chat-template-kwargs JSON``, ``--reasoning-effort LEVEL``.
 - Reasoning: ``--reasoning-format none|auto|deepseek|deepseek-legacy`` (default auto: ``<think>``
@@ -32,7 +39,8 @@ llama.cpp 0c1e570), every spelling of each; a llama-server command line starts t
   the chat template; auto = the template's default).
 - HTTP: ``--host`` (comma list of addresses, or UNIX socket paths ending in ``.sock``),
   ``--port``, ``--api-key`` (comma list) / ``--api-key-file``, ``--ssl-key-file`` /
-  ``--ssl-cert-file`` (HTTPS), ``--alias`` (comma list: the first is the model id), ``--tags``,
+  ``--ssl-cert-file`` (HTTPS), ``--alias`` (comma list, kept sorted as llama-server keeps it:
+  the first is the model id; default: the ``-m`` path), ``--tags``,
   ``--cors-origins`` / ``--cors-methods`` / ``--cors-headers`` / ``--cors-credentials`` /
   ``--no-cors-credentials``, ``--metrics`` (accepted: ``/metrics`` is always on), ``--offline``
   (accepted: serve never downloads).
@@ -72,6 +80,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_sampling_args(p, "serve")
     p.add_argument(*spellings("-np"), dest="parallel", type=int, default=-1,
                    help="slots (each loads its own decoder; -1 = auto = 1)")
+    p.add_argument(*spellings("-kvu"), dest="kv_unified", action="store_true", default=False,
+                   help="each slot gets the whole -c (default: -c is split across the slots, as llama-server's "
+                        "-np N; here each slot then loads a pool of its own)")
+    p.add_argument(*negations("-kvu"), dest="kv_unified", action="store_false", help="split -c across the slots")
+    p.add_argument(*spellings("--kv-unified-per-slot"), dest="kv_unified_per_slot", type=int, default=0,
+                   metavar="N", help="context cap per slot; without -c the pool is -np x N")
+    p.add_argument(*spellings("--ui"), dest="ui", action="store_true", default=True,
+                   help="serve the web page at / (default)")
+    p.add_argument(*negations("--ui"), dest="ui", action="store_false", help="no web page (GET / answers 404)")
+    p.add_argument(*spellings("--path"), dest="static_path", default=None, metavar="DIR",
+                   help="serve the files of DIR at / instead of the shipped web page")
     p.add_argument(*spellings("--slots"), dest="slots", action="store_true", default=True, help="serve GET /slots (default)")
     p.add_argument(*negations("--slots"), dest="slots", action="store_false", help="GET /slots answers 501")
     p.add_argument(*spellings("--jinja"), dest="jinja", action="store_true", default=True,
@@ -102,7 +121,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(*spellings("--ssl-key-file"), default=None, help="PEM private key: serve HTTPS (with --ssl-cert-file)")
     p.add_argument(*spellings("--ssl-cert-file"), default=None, help="PEM certificate: serve HTTPS (with --ssl-key-file)")
     p.add_argument(*spellings("-a"), dest="alias", default=None,
-                   help="model name aliases, comma-separated; the first is the model id (default: the file name)")
+                   help="model name aliases, comma-separated; the first in sorted order is the model id, as "
+                        "llama-server's (default: the -m path as given)")
     p.add_argument(*spellings("--tags"), default=None, help="model tags, comma-separated (informational)")
     p.add_argument(*spellings("--cors-origins"), default="*",
                    help="allowed CORS origins, comma-separated; '*' reflects any origin, 'localhost' local ones")
@@ -164,7 +184,7 @@ def settings_from_args(args: argparse.Namespace, *, warn=None):
     from ..options import decoder_kwargs
     from ..params import sampling_from_values, values_from_args
     from .app import ServerSettings
-    from .context import read_model_info, resolve_n_ctx
+    from .context import read_model_info, resolve_n_ctx, slot_n_ctx
     from .llama_args import check_remaining
 
     warn = warn or (lambda line: print(f"dflash2-gguf serve: {line}", file=sys.stderr))
@@ -219,8 +239,18 @@ def settings_from_args(args: argparse.Namespace, *, warn=None):
     if args.chat_template_file:
         with open(args.chat_template_file, encoding="utf-8") as f:
             template = f.read()
+    if args.kv_unified_per_slot < 0:
+        raise ValueError("--kv-unified-per-slot must be >= 0")
+    if args.static_path is not None and not os.path.isdir(args.static_path):
+        raise FileNotFoundError(f"--path: no such folder: {args.static_path} (static assets path not found)")
     kw = decoder_kwargs(args)
-    kw["n_ctx"] = resolve_n_ctx(args.ctx_size, read_model_info(args.model), n_slots)
+    info = read_model_info(args.model)
+    if args.ctx_size is None and args.kv_unified_per_slot > 0:  # llama-server: the pool is -np x N
+        pool = n_slots * args.kv_unified_per_slot
+    else:
+        pool = resolve_n_ctx(args.ctx_size, info, n_slots if args.kv_unified else 1)
+    kw["n_ctx"] = slot_n_ctx(pool, n_slots, kv_unified=args.kv_unified, n_ctx_train=info.n_ctx_train,
+                             per_slot=args.kv_unified_per_slot)
     return ServerSettings(
         model=args.model, model_draft=md, **kw, n_slots=n_slots, **gen,
         api_key=_api_keys(args), alias=args.alias, tags=args.tags, chat_template=template, jinja=args.jinja,
@@ -229,6 +259,7 @@ def settings_from_args(args: argparse.Namespace, *, warn=None):
         chat_template_kwargs=kwargs, reasoning_effort=args.reasoning_effort,
         cors_origins=args.cors_origins, cors_methods=args.cors_methods, cors_headers=args.cors_headers,
         cors_credentials=args.cors_credentials, endpoint_slots=args.slots, max_queue=args.queue_size,
+        ui=args.ui, static_path=args.static_path,
     )
 
 

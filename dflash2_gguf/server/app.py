@@ -21,7 +21,8 @@ Endpoints, as llama-server's README and tools/server/server.cpp at llama.cpp 0c1
   (:mod:`.chat_output`); ``POST /v1/responses`` (OpenAI Responses API, :mod:`.responses_api`) and
   ``POST /v1/messages`` (Anthropic Messages API, :mod:`.messages_api`), both translated into a
   chat request and run through the same pipeline; token counts ``/v1/responses/input_tokens``,
-  ``/v1/chat/completions/input_tokens``, ``/v1/messages/count_tokens``.
+  ``/v1/chat/completions/input_tokens`` (both also without ``/v1``, as llama-server routes them),
+  ``/v1/messages/count_tokens``.
 - Not served (404, documented out of scope): embeddings, reranking, infill, LoRA adapters, slot
   save/restore, router mode, ``/v1/chat/completions/control``.
 - ``GET /`` (``/index.html``, ``/webui/<asset>``): the web page (:mod:`.web`), public.
@@ -39,7 +40,8 @@ CORS (llama-server's ``--cors-*`` flags, header for header, :class:`.web.LlamaCo
 any ``Origin`` is reflected with credentials allowed; ``localhost`` reflects only local origins;
 every ``OPTIONS`` is answered 200 with the CORS headers before auth.
 
-Context: a prompt of ``n_ctx`` tokens or more is a 400 ``exceed_context_size_error`` with
+Context: ``n_ctx`` is one slot's (``-c`` split across the slots, :mod:`.context`); a prompt of
+``n_ctx`` tokens or more is a 400 ``exceed_context_size_error`` with
 ``n_prompt_tokens`` and ``n_ctx``; a generation that fills the context stops with
 ``finish_reason`` "length" (llama-server's behaviour without context shift).
 """
@@ -79,8 +81,10 @@ log = logging.getLogger("dflash2_gguf.server")
 #: Paths that never need the API key (llama-server's ``get_public_endpoints``).
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"}) | web.PAGE_PATHS
 
-#: ``build_info`` / ``system_fingerprint``.
-BUILD_INFO = "dflash2-gguf (llama.cpp 0c1e570)"
+#: ``build_info`` (``/props``) and ``system_fingerprint``: llama-server's ``llama_build_info()``,
+#: ``b<build number>-<commit>`` (common/build-info.cpp.in), of the pinned llama.cpp 0c1e570, whose
+#: release builds report build 11312.
+BUILD_INFO = "b11312-0c1e57098"
 
 _FINISH = {"length": "length", "context": "length", "eog": "stop", "stop": "stop"}
 _STOP_TYPE = {"length": "limit", "context": "limit", "eog": "eos", "stop": "word"}
@@ -133,8 +137,9 @@ class ServerSettings:
             the table's ``serve`` default: the request defaults, set by the same flags as
             llama-server's (``--temp``, ``--presence-penalty``, ``-n`` ...).
         api_key: Required bearer token(s), comma-separated (None = no auth).
-        alias: Model id(s) (``--alias a,b``): the first is the id; default: the target file name.
-        tags: ``--tags`` (informational, in ``/v1/models``).
+        alias: Model names (``--alias a,b``), kept as llama-server keeps them (a sorted set): the
+            first in sorted order is the model id; default: the ``-m`` path as given.
+        tags: ``--tags`` (informational, in ``/v1/models``; sorted, duplicates dropped).
         chat_template: ``--chat-template`` / ``--chat-template-file`` text (None = the GGUF's).
         jinja: ``--jinja`` (default) / ``--no-jinja``.
         reasoning_format: ``--reasoning-format`` (``none``, ``auto``, ``deepseek``,
@@ -143,6 +148,8 @@ class ServerSettings:
             template unless the request sets it; None = ``auto``, the template's default).
         cors_origins / cors_methods / cors_headers / cors_credentials: llama-server's ``--cors-*``.
         endpoint_slots: ``--slots`` (default) / ``--no-slots``.
+        ui: ``--ui`` (default) / ``--no-ui``: the web page at ``/`` (:mod:`.web`).
+        static_path: ``--path DIR``: serve DIR's files at ``/`` instead of the shipped page.
         max_queue: Queued requests beyond this get 503.
         poll_s: How often a waiting handler checks the worker is alive / the client connected.
     """
@@ -172,6 +179,8 @@ class ServerSettings:
     cors_headers: str = "*"
     cors_credentials: bool = True
     endpoint_slots: bool = True
+    ui: bool = True
+    static_path: Optional[str] = None
     max_queue: int = 64
     poll_s: float = 0.5
     chat_template_kwargs: Optional[Mapping[str, Any]] = None
@@ -179,13 +188,15 @@ class ServerSettings:
 
     @property
     def aliases(self) -> list:
-        """``--alias`` split on commas."""
-        return [a.strip() for a in (self.alias or "").split(",") if a.strip()]
+        """``--alias`` split on commas, as llama-server keeps them (``std::set``: sorted, no
+        duplicates); without ``--alias``, the ``-m`` path as given (llama-server's default)."""
+        a = sorted({a.strip() for a in (self.alias or "").split(",") if a.strip()})
+        return a or [str(self.model)]
 
     @property
     def tag_list(self) -> list:
-        """``--tags`` split on commas."""
-        return [a.strip() for a in (self.tags or "").split(",") if a.strip()]
+        """``--tags`` split on commas (sorted, no duplicates, as llama-server's set)."""
+        return sorted({a.strip() for a in (self.tags or "").split(",") if a.strip()})
 
     @property
     def api_keys(self) -> list:
@@ -194,9 +205,8 @@ class ServerSettings:
 
     @property
     def model_id(self) -> str:
-        """The first alias, else the target's file name."""
-        a = self.aliases
-        return a[0] if a else Path(self.model).name
+        """The first alias in sorted order (llama-server's ``model_name``), else the ``-m`` path."""
+        return self.aliases[0]
 
     def generation_defaults(self) -> dict:
         """The request defaults (``--temp``, ``--presence-penalty``, ``-n`` ...): ``{table entry
@@ -257,20 +267,30 @@ def _partial_timings(job: Job, n_decoded: int) -> dict:
     """Timings so far for ``timings_per_token`` (from the slot's clock marks in ``job.info``)."""
     t0, t1 = job.info.get("t_start", time.perf_counter()), job.info.get("t_first", time.perf_counter())
     now = time.perf_counter()
-    n = int(job.info.get("n_prompt", 0))
+    n_all = int(job.info.get("n_prompt", 0))
+    cache = min(int(job.cycles[0][1]), n_all) if job.cycles else 0
+    n = n_all - cache  # llama-server's prompt_n: evaluated, the prompt-cache hits apart (cache_n)
     pre_ms, dec_ms = (t1 - t0) * 1000.0, (now - t1) * 1000.0
     n_dec = max(n_decoded - 1, 0)
-    return {"cache_n": 0, "prompt_n": n, "prompt_ms": pre_ms, "prompt_per_token_ms": pre_ms / n if n else 0.0,
+    return {"cache_n": cache, "prompt_n": n, "prompt_ms": pre_ms, "prompt_per_token_ms": pre_ms / n if n else 0.0,
             "prompt_per_second": n / (pre_ms / 1000.0) if pre_ms > 0 else 0.0, "predicted_n": n_decoded,
             "predicted_ms": dec_ms, "predicted_per_token_ms": dec_ms / n_dec if n_dec else 0.0,
             "predicted_per_second": n_dec / (dec_ms / 1000.0) if dec_ms > 0 and n_dec else 0.0}
 
 
-def _progress(job: Job) -> dict:
-    """llama-server's ``prompt_progress`` (the prompt is evaluated in one pass: all processed)."""
+def _progress(job: Job) -> list:
+    """llama-server's ``prompt_progress`` objects of a streamed request with ``return_progress``
+    (tools/server/server-context.cpp at 0c1e570): one when the slot starts on the prompt
+    (``processed`` = the tokens reused from the prompt cache, ``time_ms`` 0) and one per evaluated
+    batch (here the prompt is evaluated in one native call: one more, all processed, ``time_ms``
+    = the prefill's). Both are sent once the prefill is done (the stream's status waits for the
+    first token, so that a refused request still gets its 4xx). ``cache``: prompt tokens reused
+    from the prompt cache (the slot's counters after the first cycle, :attr:`.worker.Job.cycles`)."""
     n = int(job.info.get("n_prompt", 0))
+    cache = min(int(job.cycles[0][1]), n) if job.cycles else 0
     t = (job.info.get("t_first", time.perf_counter()) - job.info.get("t_start", time.perf_counter())) * 1000.0
-    return {"total": n, "cache": 0, "processed": n, "time_ms": t}
+    return [{"total": n, "cache": cache, "processed": cache, "time_ms": 0},
+            {"total": n, "cache": cache, "processed": n, "time_ms": int(t)}]
 
 
 def _usage(stats: Sequence[Any]) -> dict:
@@ -773,6 +793,8 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
     app.state.model_info = info
     install_error_handlers(app)
 
+    web.install_static(app, settings)  # --path DIR: innermost, after the API key check
+
     keys = [k.encode() for k in settings.api_keys]
     if keys:
         app.add_middleware(_ApiKey, keys=keys)
@@ -845,7 +867,7 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
             "model_path": settings.model,
             "modalities": {"vision": False, "video": False, "audio": False},
             "media_marker": None, "endpoint_slots": settings.endpoint_slots, "endpoint_props": False,
-            "endpoint_metrics": True, "ui": False, "ui_settings": {},
+            "endpoint_metrics": True, "ui": settings.ui, "ui_settings": {},
             "chat_template": settings.chat_template if settings.chat_template is not None else info.chat_template,
             "chat_template_caps": caps, "bos_token": info.bos_token, "eos_token": info.eos_token,
             "build_info": BUILD_INFO, "is_sleeping": False, "cors_proxy_enabled": False,
@@ -997,13 +1019,14 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
             return out
 
         def on_start(i, job):
-            if not body.return_progress:
-                return []
-            o = obj([choice(i, "", None)])
-            if body.timings_per_token:
-                o["timings"] = _partial_timings(job, 0)
-            o["prompt_progress"] = _progress(job)
-            return [_sse(o)]
+            lines = []
+            for pp in (_progress(job) if body.return_progress else []):
+                o = obj([choice(i, "", None)])
+                if body.timings_per_token:
+                    o["timings"] = _partial_timings(job, 0)
+                o["prompt_progress"] = pp
+                lines.append(_sse(o))
+            return lines
 
         n_dec = {}
 
@@ -1088,12 +1111,17 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
             outs[i] = svc.chat_output(job, body, plan)
             if body.return_draft_marks:
                 marks[i] = web.DraftMarks(worker.decoder, job.cycles)
-            o = obj([delta(i, {"role": "assistant", "content": None}, None)])
-            if body.timings_per_token:
-                o["timings"] = _partial_timings(job, 0)
-            if body.return_progress:
-                o["prompt_progress"] = _progress(job)
-            return [_sse(o)]
+            lines = []
+            # llama-server: each progress event is the role delta with the timings and the progress
+            for pp in (_progress(job) if body.return_progress else []):
+                o = obj([delta(i, {"role": "assistant", "content": None}, None)])
+                if body.timings_per_token:
+                    o["timings"] = _partial_timings(job, 0)
+                o["prompt_progress"] = pp
+                lines.append(_sse(o))
+            # then the first token's role delta, alone: the timings go on the token's last delta
+            lines.append(_sse(obj([delta(i, {"role": "assistant", "content": None}, None)])))
+            return lines
 
         n_dec = {}
 
@@ -1149,6 +1177,7 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
         return await asyncio.to_thread(work)
 
     @app.post("/v1/chat/completions/input_tokens")
+    @app.post("/chat/completions/input_tokens")
     async def chat_input_tokens(request: Request):
         """llama-server's token count of a chat completion body."""
         body = await parse_body(request, ChatCompletionRequest)
@@ -1168,6 +1197,7 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
         return _event_stream(stream.events(svc.turn_stream(jobs[0], body, plan)))
 
     @app.post("/v1/responses/input_tokens")
+    @app.post("/responses/input_tokens")
     async def responses_input_tokens(request: Request):
         """llama-server's token count of a Responses body."""
         body = validate_body(responses_api.to_chat(await read_json(request)), ChatCompletionRequest)
@@ -1228,12 +1258,10 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
         n_dec = {}
 
         def on_start(i, job):
-            if not body.return_progress:
-                return []
             return [_sse({"index": i, "content": "", "tokens": [], "stop": False, "id_slot": job.info.get("id_slot", 0),
                           "tokens_predicted": 0, "tokens_evaluated": job.info.get("n_prompt", 0),
                           **({"timings": _partial_timings(job, 0)} if body.timings_per_token else {}),
-                          "prompt_progress": _progress(job)})]
+                          "prompt_progress": pp}) for pp in (_progress(job) if body.return_progress else [])]
 
         toks_of: dict = {}
 

@@ -10,8 +10,15 @@ Sources: tools/server/server-common.cpp (``tokenize_mixed``, ``tokenize_input_pr
   GGUF and special tokens parsed, as llama-server does (``add_special`` only before a leading string).
 - Chat (:func:`render_chat`): :meth:`DFlashDecoder.apply_chat_template`, with llama-server's
   assistant prefill: when the last message is an assistant message (or ``continue_final_message``
-  is true with ``add_generation_prompt: false``), the reply continues that message (the rendering
-  is cut right after its text, as transformers' ``continue_final_message``).
+  is true with ``add_generation_prompt: false``), the reply continues that message, whose text goes
+  into the prompt as given, as llama-server builds it (common/chat.cpp and
+  chat-auto-parser-generator.cpp at 0c1e570): the other messages rendered without the generation
+  prompt, then the generation prompt (what ``add_generation_prompt`` adds to them), then the final
+  message's content, trailing spaces kept. One difference: for a template with reasoning markers,
+  llama-server also writes an empty ``<think></think>`` (or the message's ``reasoning_content``)
+  before the content; here the generation prompt is used as the template writes it. A final message
+  without text content (only ``reasoning_content``, or a lone message) is continued by cutting the
+  full rendering after its text (transformers' ``continue_final_message``).
 - Context (:func:`check_context`): a prompt of ``n_ctx`` tokens or more is a 400
   ``exceed_context_size_error`` with ``n_prompt_tokens`` / ``n_ctx``.
 - Generation parameters (:func:`resolve`, :func:`sampling_params`): the request's values over
@@ -166,7 +173,44 @@ def render_chat(decoder: Any, messages: List[Dict[str, Any]], *, add_generation_
         raise _bad("messages", f"Failed to format input: {e}") from e
     if jinja:
         text = _strip_special(decoder, template, text)
-    return _cut_after_final(text, messages) if cont else text
+    if not cont:
+        return text
+    prefilled = _prefill_prompt(decoder, messages, kw, template, jinja)
+    return prefilled if prefilled is not None else _cut_after_final(text, messages)
+
+
+def _content_text(content: Any) -> Optional[str]:
+    """A message's text content (OpenAI text parts joined), None when it has none."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        return "".join(parts) if parts else None
+    return None
+
+
+def _prefill_prompt(decoder: Any, messages: List[Dict[str, Any]], kw: Dict[str, Any], template: Optional[str],
+                    jinja: bool) -> Optional[str]:
+    """llama-server's prompt for continuing the final message (module docstring): the messages
+    before it rendered without the generation prompt, the generation prompt (the part the
+    rendering with it adds), then the final message's content as given. None when the final
+    message has no text content or is the only message (the caller cuts the full rendering)."""
+    content = _content_text(messages[-1].get("content"))
+    if not content or len(messages) < 2:
+        return None
+    head = messages[:-1]
+    try:
+        base = decoder.apply_chat_template(head, **{**kw, "add_generation_prompt": False})
+        with_gen = decoder.apply_chat_template(head, **{**kw, "add_generation_prompt": True})
+    except (ValueError, TypeError, KeyError):
+        return None
+    if jinja:
+        base = _strip_special(decoder, template, base)
+        with_gen = _strip_special(decoder, template, with_gen)
+    n = 0
+    while n < min(len(base), len(with_gen)) and base[n] == with_gen[n]:
+        n += 1
+    return base + with_gen[n:] + content
 
 
 def _strip_special(decoder: Any, template: Optional[str], text: str) -> str:

@@ -1,17 +1,35 @@
-"""The server's default context size: the GGUF's training context, capped by memory.
+"""The server's context sizes: the pool of ``-c`` (the GGUF's training context capped by memory
+when not given) and each slot's share of it, as llama-server splits it.
 
 llama-server's ``-c 0`` (its default) takes the training context from the model
-(``<arch>.context_length``). A 128k-token training context would need tens of GB of KV cache
-for one slot, so without ``-c`` this server takes::
+(``<arch>.context_length``). A 128k-token training context would need tens of GB of KV cache,
+so without ``-c`` this server takes::
 
     n_ctx = min(n_ctx_train, cap)
-    cap   = floor(RAM_FRACTION * MemAvailable / (n_slots * kv_bytes_per_token) / 256) * 256
+    cap   = floor(RAM_FRACTION * MemAvailable / (n_pools * kv_bytes_per_token) / 256) * 256
     kv_bytes_per_token = 2 (K and V) * n_layer * n_head_kv * head_dim * 2 bytes (F16 cache)
 
 with ``RAM_FRACTION`` = 0.5, ``MemAvailable`` from ``/proc/meminfo`` (else ``os.sysconf``),
-``head_dim`` = ``<arch>.attention.key_length`` (else ``n_embd / n_head``), and never less than
-:data:`MIN_CTX`. The drafter's KV cache (a few layers) is left out of the formula. ``-c N`` uses
-N; ``-c 0`` uses the training context uncapped, as llama.cpp does.
+``head_dim`` = ``<arch>.attention.key_length`` (else ``n_embd / n_head``), ``n_pools`` = 1 (the
+slots split one pool) or the number of slots with ``--kv-unified`` (each slot holds a whole
+pool here, see below), and never less than :data:`MIN_CTX`. The drafter's KV cache (a few
+layers) is left out of the formula. ``-c N`` uses N; ``-c 0`` uses the training context
+uncapped, as llama.cpp does.
+
+Per slot (:func:`slot_n_ctx`), as llama.cpp 0c1e570 sizes a sequence (``llama_context``'s
+``n_ctx_seq``, src/llama-context.cpp) and llama-server a slot (``n_ctx_slot()``,
+tools/server/server-context.cpp)::
+
+    pool = pad256(n_ctx)
+    seq  = pool                      with --kv-unified
+         = pad256(pool / n_slots)    otherwise (llama-server's default with -np N)
+    slot = min(seq, --kv-unified-per-slot if set, n_ctx_train if known)
+
+so ``-c 1024 -np 2`` gives each slot 512 cells, and ``/props``, ``/slots``, ``/v1/models`` and
+the "context exceeded" check use that per-slot size. One difference: llama-server's
+``--kv-unified`` slots share one pool of cells (one long request may use all of it while the
+others are short); here each slot loads its own decoder (:mod:`.worker`), so with
+``--kv-unified`` each slot gets a whole pool of its own (``n_slots`` times the KV memory).
 """
 
 from __future__ import annotations
@@ -21,7 +39,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-__all__ = ["ModelInfo", "read_model_info", "memory_cap", "resolve_n_ctx", "RAM_FRACTION", "MIN_CTX"]
+__all__ = ["ModelInfo", "read_model_info", "memory_cap", "resolve_n_ctx", "slot_n_ctx", "pad256", "RAM_FRACTION",
+           "MIN_CTX"]
 
 log = logging.getLogger("dflash2_gguf.server")
 
@@ -140,7 +159,8 @@ def _mem_available() -> int:
 
 
 def memory_cap(info: ModelInfo, n_slots: int = 1, mem_available: Optional[int] = None) -> Optional[int]:
-    """The memory-based context cap of the module docstring (None when it cannot be computed)."""
+    """The memory-based context cap of the module docstring (None when it cannot be computed);
+    ``n_slots``: how many pools of that size must fit (1 when the slots split one pool)."""
     mem = _mem_available() if mem_available is None else mem_available
     kv = info.kv_bytes_per_token
     if mem <= 0 or kv <= 0:
@@ -151,13 +171,14 @@ def memory_cap(info: ModelInfo, n_slots: int = 1, mem_available: Optional[int] =
 
 def resolve_n_ctx(requested: Optional[int], info: ModelInfo, n_slots: int = 1,
                   mem_available: Optional[int] = None) -> int:
-    """The context size to serve with.
+    """The context pool to serve with (llama-server's ``-c``, before :func:`slot_n_ctx` splits it).
 
     Args:
         requested: ``-c``: None (not given) = min(training context, memory cap); 0 = the training
             context; N > 0 = N.
         info: The target's :class:`ModelInfo`.
-        n_slots: ``--parallel`` (each slot has its own KV cache).
+        n_slots: How many pools must fit in memory (1 when the slots split one pool; the
+            number of slots with ``--kv-unified``, where each slot holds a whole pool here).
 
     Raises:
         ValueError: ``requested`` < 0.
@@ -172,7 +193,33 @@ def resolve_n_ctx(requested: Optional[int], info: ModelInfo, n_slots: int = 1,
     cap = memory_cap(info, n_slots, mem_available)
     if cap is not None and cap < train:
         log.warning("context: %d tokens (the training context %d does not fit in %.0f%% of the available RAM "
-                    "with %d slot(s) at %d KV bytes per token); -c N sets it", cap, train, RAM_FRACTION * 100,
+                    "with %d pool(s) at %d KV bytes per token); -c N sets it", cap, train, RAM_FRACTION * 100,
                     n_slots, info.kv_bytes_per_token)
         return cap
     return train
+
+
+def pad256(n: int) -> int:
+    """``n`` rounded up to a multiple of 256 (llama.cpp's ``GGML_PAD(n, 256)``)."""
+    return (int(n) + 255) // 256 * 256
+
+
+def slot_n_ctx(n_ctx: int, n_slots: int = 1, *, kv_unified: bool = False, n_ctx_train: int = 0,
+               per_slot: int = 0) -> int:
+    """One slot's context as llama-server sizes it (module docstring): ``-c`` padded to 256,
+    split across the slots unless ``kv_unified`` (each share padded to 256 again), then capped
+    by ``--kv-unified-per-slot`` (``per_slot`` > 0) and the training context (``n_ctx_train`` >
+    0). ``slot_n_ctx(1024, 2) == 512``.
+
+    Raises:
+        ValueError: ``n_ctx`` < 1 or ``n_slots`` < 1.
+    """
+    if n_ctx < 1 or n_slots < 1:
+        raise ValueError(f"the context ({n_ctx}) and the slots ({n_slots}) must be >= 1")
+    pool = pad256(n_ctx)
+    seq = pool if kv_unified else pad256(pool // n_slots)
+    if per_slot > 0:
+        seq = min(seq, per_slot)
+    if n_ctx_train > 0:
+        seq = min(seq, n_ctx_train)
+    return seq

@@ -10,6 +10,15 @@ server-http.cpp at llama.cpp 0c1e570) they are public: :data:`PAGE_PATHS` never 
 while the page's own API calls send it (the page asks for a key when a call gets 401, and keeps it
 in the browser's ``localStorage``).
 
+llama-server's page flags (tools/server/server-http.cpp at 0c1e570): ``--no-ui`` / ``--no-webui``
+(``ServerSettings.ui`` False) registers no page route, so ``GET /`` is a 404 (``/props`` reports
+``"ui": false``); ``--path DIR`` (``ServerSettings.static_path``) serves DIR's files instead of the
+shipped page, as llama-server's mount point at ``/`` (:class:`StaticDir`: ``/`` and folders answer
+their ``index.html``; a file is served before the endpoints, so ``DIR/health`` would shadow
+``/health``; paths that leave DIR are never served). With an API key set, only ``/`` (and the
+shipped page's paths, :data:`PAGE_PATHS`) are public there, as llama-server's public paths are
+``/`` and its embedded assets: DIR's other files need the key.
+
 CORS (:class:`LlamaCors`): llama-server's pre-routing handler, header for header:
 
 - ``--cors-origins *`` (the default) with credentials: the request's ``Origin`` is reflected
@@ -53,7 +62,8 @@ import collections
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["ASSET_DIR", "PAGE_PATHS", "LlamaCors", "DraftMarks", "install", "origin_is_localhost"]
+__all__ = ["ASSET_DIR", "PAGE_PATHS", "LlamaCors", "DraftMarks", "StaticDir", "install", "install_static",
+           "origin_is_localhost"]
 
 #: The page's files (package data).
 ASSET_DIR = Path(__file__).resolve().parent / "webui"
@@ -80,8 +90,17 @@ _ASSETS = _assets()
 PAGE_PATHS = frozenset(_ASSETS)
 
 
+def install_static(app: Any, settings: Any) -> None:
+    """With ``--path DIR`` (and the page on), add :class:`StaticDir` for DIR. Call it before the
+    API-key middleware is added, so that the key is checked first (middlewares added first run
+    innermost)."""
+    if getattr(settings, "ui", True) and getattr(settings, "static_path", None):
+        app.add_middleware(StaticDir, root=settings.static_path)
+
+
 def install(app: Any, settings: Any) -> None:
-    """Add :class:`LlamaCors` (outermost) and the page's routes to ``app``.
+    """Add :class:`LlamaCors` (outermost) and the page's routes to ``app`` (none with ``--no-ui``
+    or ``--path``).
 
     Call it after the other middlewares are added, so that CORS headers also go on their answers
     (401s included) and preflights are answered before the API key is checked.
@@ -90,6 +109,8 @@ def install(app: Any, settings: Any) -> None:
 
     app.add_middleware(LlamaCors, origins=settings.cors_origins, methods=settings.cors_methods,
                        headers=settings.cors_headers, credentials=settings.cors_credentials)
+    if not getattr(settings, "ui", True) or getattr(settings, "static_path", None):
+        return
 
     def page(path: str):
         f = _ASSETS[path]
@@ -103,6 +124,43 @@ def install(app: Any, settings: Any) -> None:
 
     for path in _ASSETS:
         app.add_api_route(path, page(path), methods=["GET"], include_in_schema=False)
+
+
+class StaticDir:
+    """ASGI middleware: ``GET`` / ``HEAD`` of a file under ``root`` answers that file (``/`` and
+    folders their ``index.html``), before the routes, as llama-server's ``--path`` mount point;
+    anything else goes on to the app. Paths that resolve outside ``root`` are never served."""
+
+    def __init__(self, app: Any, root: str) -> None:
+        self.app = app
+        self.root = Path(root).resolve()
+
+    def file_for(self, path: str) -> Optional[Path]:
+        """The file ``path`` names under the root, or None."""
+        from urllib.parse import unquote
+
+        rel = unquote(path).lstrip("/")
+        if "\x00" in rel:
+            return None
+        f = (self.root / rel).resolve()
+        if f != self.root and self.root not in f.parents:
+            return None
+        if f.is_dir():
+            f = f / "index.html"
+        return f if f.is_file() else None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] in ("GET", "HEAD"):
+            f = self.file_for(scope["path"])
+            if f is not None:
+                import mimetypes
+
+                from starlette.responses import FileResponse
+
+                kind = mimetypes.guess_type(f.name)[0] or "application/octet-stream"
+                await FileResponse(f, media_type=kind, headers={"Cache-Control": "no-cache"})(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 # ---------------------------------------------------------------------------- CORS
