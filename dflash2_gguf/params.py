@@ -247,7 +247,8 @@ PARAMS: List[Param] = [
           native="GenParams.accept_mode", props="speculative.accept",
           choices={"rejection": "rejection", "target-sample": "target-sample"}, metavar="rejection|target-sample"),
     Param("context_shift", bool, False, "when the context fills, drop half of what follows --keep and go on "
-          "(llama-server's --context-shift)", "limits", flags=("--context-shift",), native="GenParams.context_shift",
+          "(llama-server's --context-shift)", "limits", flags=("--context-shift",), env="LLAMA_ARG_CONTEXT_SHIFT",
+          native="GenParams.context_shift",
           commands=("generate",)),
     Param("n_keep", int, 0, "with --context-shift: tokens at the start never dropped (-1: the whole prompt; a BOS "
           "is kept on top)", "limits", flags=("--keep",), native="GenParams.n_keep", bounds=dict(ge=-1),

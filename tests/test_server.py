@@ -698,8 +698,8 @@ def test_serve_llama_server_flags(tmp_path):
         (2, "localhost", ["a", "b"], ["x"], False)
     # -c 0 on a file without metadata: 4096, split across the 3 slots as llama.cpp (padded to 256)
     assert a.host == "127.0.0.1,::1" and s.n_ctx == 1536
-    with pytest.raises(ValueError, match="context-shift"):
-        settings_from_args(build_parser().parse_args(["serve", "-m", str(t), "--context-shift"]))
+    s = settings_from_args(build_parser().parse_args(["serve", "-m", str(t), "--context-shift", "--keep", "-1"]))
+    assert s.context_shift is True and s.n_keep == -1
     from dflash2_gguf.server.__main__ import bind_sockets
 
     socks = bind_sockets("127.0.0.1,127.0.0.2", 0)

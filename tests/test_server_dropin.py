@@ -254,3 +254,28 @@ def test_page_flags_parse(tmp_path):
     assert _serve_settings(["-m", str(t), "--path", str(tmp_path)]).static_path == str(tmp_path)
     with pytest.raises(FileNotFoundError, match="static assets path not found"):
         _serve_settings(["-m", str(t), "--path", str(tmp_path / "nope")])
+
+
+# ---------------------------------------------------------------------------- context shift
+
+def test_context_shift_live(native_ext, tiny_peaked):
+    """``--context-shift --keep 4`` with a drafter: a request that runs past its 256-cell slot
+    goes on (llama-server's shift), and its greedy text equals the target alone's with the same
+    shifts; without the flag it ends at the full context with finish_reason "length"."""
+    from dflash2_gguf import DFlashDecoder, SamplingParams
+
+    target, drafters = tiny_peaked
+    prompt = [1, 5, 9, 14, 20, 7, 7, 33, 12, 40]
+    with DFlashDecoder(target, None, n_ctx=256, n_threads=1) as dec:
+        ref = dec.generate(prompt, max_tokens=400, sampling=SamplingParams.greedy_params(), ignore_eos=True,
+                           context_shift=True, n_keep=4)
+    assert ref.stats.n_ctx_shifts >= 2
+    body = {"prompt": prompt, "n_predict": 400, "temperature": 0, "ignore_eos": True, "return_tokens": True}
+    s = ServerSettings(model=str(target), model_draft=str(drafters[2]), n_ctx=256, n_threads=1, adaptive=False,
+                       context_shift=True, n_keep=4)
+    with LiveServer(s) as srv:
+        r = httpx.post(srv.url + "/completion", json=body, timeout=300).json()
+        assert r["tokens"] == ref.tokens and r["timings"]["draft_n"] > 0
+    with LiveServer(ServerSettings(model=str(target), n_ctx=256, n_threads=1)) as srv:
+        r = httpx.post(srv.url + "/completion", json=body, timeout=300).json()
+        assert len(r["tokens"]) < 256 and r["stop_type"] == "limit"

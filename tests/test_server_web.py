@@ -184,7 +184,7 @@ def live_drafter(native_ext, smollm2_gguf):
     """SmolLM2-135M with the shipped drafter, a fixed draft length (the adaptive policy may rightly
     skip the drafter on a busy 2-core machine)."""
     s = ServerSettings(model=str(smollm2_gguf), model_draft=str(ROOT / "models" / "smollm2-135m-dflash2.gguf"),
-                       n_ctx=512, n_threads=1, spec_adaptive=False)
+                       n_ctx=512, n_threads=1, adaptive=False)
     with LiveServer(s) as srv:
         yield srv
 

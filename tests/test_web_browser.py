@@ -57,7 +57,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def server(native_ext, smollm2_gguf):
     s = ServerSettings(model=str(smollm2_gguf), model_draft=str(ROOT / "models" / "smollm2-135m-dflash2.gguf"),
-                       n_ctx=1024, n_threads=1, spec_adaptive=False, api_key=KEY, alias="SmolLM2-135M-Instruct")
+                       n_ctx=1024, n_threads=1, adaptive=False, api_key=KEY, alias="SmolLM2-135M-Instruct")
     with LiveServer(s) as srv:
         yield srv
 

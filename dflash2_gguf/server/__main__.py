@@ -44,9 +44,9 @@ llama.cpp 0c1e570), every spelling of each; a llama-server command line starts t
   ``--cors-origins`` / ``--cors-methods`` / ``--cors-headers`` / ``--cors-credentials`` /
   ``--no-cors-credentials``, ``--metrics`` (accepted: ``/metrics`` is always on), ``--offline``
   (accepted: serve never downloads).
-- ``--context-shift``: refused with an error (the driver cannot shift its context; a full
-  context ends the generation with ``finish_reason`` "length", llama-server's behaviour with the
-  default ``--no-context-shift``).
+- ``--context-shift`` / ``--keep N``: as llama-server, a slot whose context fills drops half of
+  what follows the first N tokens (the target's and the drafter's caches shift) and goes on;
+  without it (the default) a full context ends the generation with ``finish_reason`` "length".
 - Every other llama-server option, and every ``LLAMA_ARG_*`` variable (the command line wins),
   is accepted: see :mod:`.llama_args` (a warning line for an option without effect here, an
   error for one that would change results).
@@ -110,8 +110,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(*spellings("--reasoning-effort"), default=None, metavar="LEVEL",
                    help="reasoning_effort given to the chat template unless the request sets one")
     p.add_argument(*spellings("--context-shift"), dest="context_shift", action="store_true", default=False,
-                   help="not supported (refused); a full context ends the generation")
-    p.add_argument(*negations("--context-shift"), dest="context_shift", action="store_false", help="the default")
+                   help="when a slot's context fills, drop half of what follows --keep and go on (the target's and the "
+                        "drafter's caches shift; not for targets with a recurrent state)")
+    p.add_argument(*negations("--context-shift"), dest="context_shift", action="store_false",
+                   help="a full context ends the generation (the default)")
+    p.add_argument(*spellings("--keep"), dest="n_keep", type=int, default=0, metavar="N",
+                   help="with --context-shift: tokens at the start never dropped (-1: the whole prompt); a request's "
+                        "n_keep wins")
     p.add_argument(*spellings("--host"), default="127.0.0.1",
                    help="listen addresses, comma-separated, or UNIX socket paths ending in .sock (default 127.0.0.1)")
     p.add_argument(*spellings("--port"), type=int, default=8080, help="listen port (default 8080)")
@@ -175,7 +180,7 @@ def settings_from_args(args: argparse.Namespace, *, warn=None):
             given that has no effect here.
 
     Raises:
-        ValueError: a flag value this server refuses (``--context-shift``, an option that would
+        ValueError: a flag value this server refuses (an option that would
             change results, bad ranges, both template flags, a bad generation parameter);
             FileNotFoundError: a model or template file is missing.
     """
@@ -214,9 +219,8 @@ def settings_from_args(args: argparse.Namespace, *, warn=None):
         raise ValueError("--spec-draft-p-min must be in [0, 1]")
     if gen["max_tokens"] < -1:
         raise ValueError("-n must be >= -1")
-    if args.context_shift:
-        raise ValueError("--context-shift is not supported: the DFlash driver cannot shift its KV cache; a "
-                         "generation that fills the context ends with finish_reason 'length' (use a larger -c)")
+    if args.n_keep < -1:
+        raise ValueError("--keep must be >= -1")
     n_slots = 1 if args.parallel in (-1, 0) else args.parallel
     if n_slots < 1:
         raise ValueError("-np/--parallel must be >= 1 (or -1 = auto)")
@@ -258,7 +262,8 @@ def settings_from_args(args: argparse.Namespace, *, warn=None):
         enable_thinking={"on": True, "off": False}.get(args.reasoning),
         chat_template_kwargs=kwargs, reasoning_effort=args.reasoning_effort,
         cors_origins=args.cors_origins, cors_methods=args.cors_methods, cors_headers=args.cors_headers,
-        cors_credentials=args.cors_credentials, endpoint_slots=args.slots, max_queue=args.queue_size,
+        cors_credentials=args.cors_credentials, endpoint_slots=args.slots, context_shift=args.context_shift,
+        n_keep=args.n_keep, max_queue=args.queue_size,
         ui=args.ui, static_path=args.static_path,
     )
 

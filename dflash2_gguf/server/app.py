@@ -151,6 +151,8 @@ class ServerSettings:
         ui: ``--ui`` (default) / ``--no-ui``: the web page at ``/`` (:mod:`.web`).
         static_path: ``--path DIR``: serve DIR's files at ``/`` instead of the shipped page.
         max_queue: Queued requests beyond this get 503.
+        context_shift / n_keep: ``--context-shift`` (a full slot context drops half of what follows
+            the first ``n_keep`` tokens and goes on; a request's ``n_keep`` wins) and ``--keep``.
         poll_s: How often a waiting handler checks the worker is alive / the client connected.
     """
 
@@ -185,6 +187,8 @@ class ServerSettings:
     poll_s: float = 0.5
     chat_template_kwargs: Optional[Mapping[str, Any]] = None
     reasoning_effort: Optional[str] = None
+    context_shift: bool = False
+    n_keep: int = 0
 
     @property
     def aliases(self) -> list:
@@ -615,7 +619,8 @@ class _Service:
             return dict(prompt=ids, max_tokens=max_tokens, sampling=sampling, stop=stop or None,
                         n_draft_max=v["n_draft_max"], n_draft_min=int(v["n_draft_min"] or 0), p_min=v["p_min"],
                         adaptive=bool(v["adaptive"]), use_drafter=body.use_drafter, ignore_eos=v["ignore_eos"],
-                        cache_prompt=body.cache_prompt,
+                        cache_prompt=body.cache_prompt, context_shift=s.context_shift,
+                        n_keep=s.n_keep if body.n_keep is None else body.n_keep,
                         **{k: v[k] for k in _SPEC_KEYS if v.get(k) is not None})
 
         prepare.n_predict = limit  # type: ignore[attr-defined]

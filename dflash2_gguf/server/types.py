@@ -177,7 +177,7 @@ class GenerationFields(_table_model()):
     # slots, cache
     id_slot: int = Field(-1, ge=-1)
     cache_prompt: bool = True
-    n_keep: Optional[int] = Field(None, ge=-1, description="no effect: the context is never shifted")
+    n_keep: Optional[int] = Field(None, ge=-1, description="with --context-shift: tokens never dropped (-1: the prompt)")
     # speculative decoding
     n_draft_max: Optional[int] = Field(None, ge=0, le=256, description="= speculative.n_max")
     use_drafter: bool = True
