@@ -242,9 +242,10 @@ def run_sweep(
     with DFlashDecoder(target, drafter, **kw) as dec:
         nmax = dec.block_size - 1
         configs = [("target alone", dict(use_drafter=False))]
-        configs += [(f"fixed k={k}" + (" (full block)" if k == nmax else ""), dict(adaptive=False, n_draft_max=k))
-                    for k in range(1, nmax + 1)]
-        configs += [("adaptive", dict(adaptive=True))]
+        # the drafter's own policy: DFlash drafts alone (context drafts have rows of their own)
+        configs += [(f"fixed k={k}" + (" (full block)" if k == nmax else ""),
+                     dict(adaptive=False, n_draft_max=k, spec_type="draft-dflash")) for k in range(1, nmax + 1)]
+        configs += [("adaptive", dict(adaptive=True, spec_type="draft-dflash"))]
         dec.generate(messages=[{"role": "user", "content": prompts[0]}], max_tokens=8)  # warm-up + cost model
         # the target alone (A) and the adaptive policy (B) side by side, ABBA / BAAB, then the fixed k
         abba = [configs[0], configs[-1], configs[-1], configs[0]]

@@ -566,7 +566,9 @@ Chunk Engine::step() {
     const bool drafting = dft_ != nullptr && gp_.use_drafter;  // the drafter's features are kept
     // with a context shift the cycle stops one cell short, so that the shift comes at the same
     // position as without drafts (P + 1 == n_ctx) and the text stays the target's
-    const int k_cap = std::max(0, std::min(remaining - 1, n_ctx_tgt_ - (gp_.context_shift ? 2 : 1) - P));
+    // and a verify pass fits one target batch
+    const int k_cap = std::max(0, std::min({remaining - 1, n_ctx_tgt_ - (gp_.context_shift ? 2 : 1) - P,
+                                            n_batch_tgt_ - 1}));
     if (drafting && (gp_.spec_types & kSpecDflash) && n_dft_valid_ + n_pending_ == P && P + block_size_ <= n_ctx_dft_) {
         k_max = block_size_ - 1;
         if (gp_.n_draft_max >= 0) k_max = std::min(k_max, gp_.n_draft_max);
