@@ -320,6 +320,8 @@ class DFlashDecoder:
         context_draft_max: The most context drafts (``spec_type`` ngram-simple / ngram-mod) a
             cycle verifies; a target with a recurrent state keeps that many snapshots of it
             (memory) when its architecture rolls back natively. 0 turns context drafts off.
+        spec_type: The draft sources of this decoder's generations when a call gives none
+            (:meth:`generate`'s ``spec_type``; None: all three with a drafter, none without).
         verbose: Print llama.cpp's own log (model loading, contexts) to stderr; otherwise only
             its errors. The setting is process-wide (``llama_log_set``).
 
@@ -354,6 +356,7 @@ class DFlashDecoder:
         cache_ram_mib: int = 1024,
         swa_full: bool = False,
         context_draft_max: int = 16,
+        spec_type: Union[str, Sequence[str], None] = None,
         cost_model: Union[str, Mapping[str, Any], None] = "auto",
         verbose: bool = False,
     ) -> None:
@@ -391,6 +394,10 @@ class DFlashDecoder:
             raise ValueError("context_draft_max must be >= 0 (0: no context drafts)")
         o.context_draft_max = int(context_draft_max)
         self._context_draft_max = int(context_draft_max)
+        from .params import parse_spec_types
+
+        parse_spec_types(spec_type)  # ValueError now for an unknown name
+        self._spec_type = spec_type
         self.target_path = str(target)
         self.drafter_path = None if drafter is None else str(drafter)
         if not (cost_model in ("auto", None) or isinstance(cost_model, Mapping)):
@@ -773,7 +780,7 @@ class DFlashDecoder:
         if int(n_draft_min) < 0:
             raise ValueError("n_draft_min must be >= 0")
         g.n_draft_min = int(n_draft_min)
-        g.spec_types = self._spec_bits(spec_type)
+        g.spec_types = self._spec_bits(self._spec_type if spec_type is None else spec_type)
         if spec_accept not in ("rejection", "target-sample"):
             raise ValueError(f"spec_accept must be 'rejection' or 'target-sample', not {spec_accept!r}")
         g.accept_mode = 0 if spec_accept == "rejection" else 1

@@ -121,7 +121,10 @@ Engine::Engine(const EngineOptions & opt) : opt_(opt) {
         if (cap_) cap_->configure(cp);
         // a recurrent target keeps state snapshots for the most drafts a cycle verifies
         if (opt.context_draft_max < 0) throw std::invalid_argument("context_draft_max must be >= 0");
-        const int n_rollback_max = std::max(want_dft ? block_size_ - 1 : 0, opt.context_draft_max);
+        // (fewer than n_batch - 1: libllama keeps the trailing 1 + n_rs_seq tokens in one ubatch,
+        // llama_batch_allocr::split_equal; a cycle then verifies at most that many drafts)
+        const int n_rollback_max = std::min(std::max(want_dft ? block_size_ - 1 : 0, opt.context_draft_max),
+                                            n_batch_tgt_ - 2);
         TargetMemory::configure(model_tgt_, n_rollback_max, cp);
         ctx_tgt_ = llama_init_from_model(model_tgt_, cp);
         if (!ctx_tgt_) throw Error(kErrLoad, "failed to create the target context (n_ctx " + std::to_string(n_ctx_tgt_) + ")");
@@ -568,7 +571,7 @@ Chunk Engine::step() {
     // position as without drafts (P + 1 == n_ctx) and the text stays the target's
     // and a verify pass fits one target batch
     const int k_cap = std::max(0, std::min({remaining - 1, n_ctx_tgt_ - (gp_.context_shift ? 2 : 1) - P,
-                                            n_batch_tgt_ - 1}));
+                                            n_batch_tgt_ - 1, mem_->max_drafts()}));
     if (drafting && (gp_.spec_types & kSpecDflash) && n_dft_valid_ + n_pending_ == P && P + block_size_ <= n_ctx_dft_) {
         k_max = block_size_ - 1;
         if (gp_.n_draft_max >= 0) k_max = std::min(k_max, gp_.n_draft_max);
@@ -586,8 +589,9 @@ Chunk Engine::step() {
     double ctx_rate = -1.0;
     int k_ctx = 0;
     if (gp_.use_drafter && (gp_.spec_types & (kSpecNgramSimple | kSpecNgramMod))) {
-        k_ctx = context_drafts(std::min(k_cap, opt_.context_draft_max), gp_.adaptive && cost_.valid(), ctx_src,
-                               ctx_match, ctx_rate);
+        int cap = std::min(k_cap, opt_.context_draft_max);
+        if (gp_.n_draft_max >= 0) cap = std::min(cap, gp_.n_draft_max);  // at most n_max drafts a cycle, any source
+        k_ctx = context_drafts(cap, gp_.adaptive && cost_.valid(), ctx_src, ctx_match, ctx_rate);
     }
     bool use_ctx = false;
     if (k_ctx > 0) {

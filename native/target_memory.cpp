@@ -29,8 +29,8 @@ TargetMemory::TargetMemory(llama_context * ctx, const llama_model * m, int n_rol
     recurrent_ = has_recurrent_state(m);
     n_swa_ = std::max(0, (int) llama_model_n_swa(m));
     if (recurrent_) {
-        const int n_rs = (int) llama_n_rs_seq(ctx);
-        rollback_ = n_rs >= n_rollback_max && n_rollback_max > 0 ? Rollback::kNative : Rollback::kCheckpoint;
+        n_rs_ = (int) llama_n_rs_seq(ctx);
+        rollback_ = n_rs_ >= n_rollback_max && n_rollback_max > 0 ? Rollback::kNative : Rollback::kCheckpoint;
     }
 }
 

@@ -59,6 +59,8 @@ class TargetMemory {
     TargetMemory(llama_context * ctx, const llama_model * m, int n_rollback_max);
 
     Rollback rollback() const { return rollback_; }
+    // The most drafts a verify pass may hold: native rollback's n_rs_seq, else no limit.
+    int max_drafts() const { return rollback_ == Rollback::kNative ? n_rs_ : (1 << 30); }
     bool recurrent() const { return recurrent_; }
     int n_swa() const { return n_swa_; }
     // True when a prefix of the cached sequence cannot always be kept by cutting its tail
@@ -100,6 +102,7 @@ class TargetMemory {
     Rollback rollback_ = Rollback::kKv;
     bool recurrent_ = false;
     int n_swa_ = 0;
+    int n_rs_ = 0;                      // llama_n_rs_seq of the context
     std::vector<uint8_t> verify_ckpt_;  // checkpoint mode: the state before the last verify pass
     int verify_pos_ = -1;               // its position (-1: none)
     std::vector<StateCheckpoint> ckpts_;

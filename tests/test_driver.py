@@ -36,6 +36,8 @@ def _decoder(target, drafter=None, **kw):
     kw.setdefault("n_ctx", 512)
     kw.setdefault("n_threads", 1)
     kw.setdefault("cost_model", FLAT_COSTS)
+    if drafter is not None:  # these tests are the DFlash drafter's (context drafts: test_context_drafts.py)
+        kw.setdefault("spec_type", "draft-dflash")
     return DFlashDecoder(target, drafter, **kw)
 
 
