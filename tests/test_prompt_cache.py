@@ -40,6 +40,9 @@ def _decoder(smollm2_gguf, **kw):
 
     from tiny_models import FLAT_COSTS
 
+    # the DFlash drafter alone: ngram-mod's pool would hold the warm run's output when the cold
+    # run repeats the request (context drafts and the prompt cache: tests/test_driver_hybrid.py)
+    kw.setdefault("spec_type", "draft-dflash")
     return DFlashDecoder(smollm2_gguf, SHIPPED, n_ctx=512, n_threads=2, n_batch=32, flash_attn=True,
                          cost_model=FLAT_COSTS, **kw)
 
