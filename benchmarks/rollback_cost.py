@@ -39,13 +39,14 @@ def measure(arch: str, drafter_dir: Path, n_tokens: int, n_threads: int) -> dict
         costs = dec.measure_cost_model(reps=7, save=False)
         # rollback per cycle: the full block every cycle, nearly every draft rejected
         dec._set_costs(costs, fixed=True)
-        full = dec.generate(PROMPT, max_tokens=n_tokens, sampling=sp, ignore_eos=True, adaptive=False).stats
+        full = dec.generate(PROMPT, max_tokens=n_tokens, sampling=sp, ignore_eos=True, adaptive=False,
+                            spec_type="draft-dflash").stats
         state = dec.engine.recurrent_state_bytes
         mode = dec.rollback_mode
     with DFlashDecoder(target, drafter, n_ctx=1024, n_threads=n_threads, cost_model=None) as dec:
         measured = dec.measure_cost_model(reps=7, save=False)
         dec._set_costs(measured, fixed=False)
-        adaptive = dec.generate(PROMPT, max_tokens=n_tokens, sampling=sp, ignore_eos=True).stats
+        adaptive = dec.generate(PROMPT, max_tokens=n_tokens, sampling=sp, ignore_eos=True, spec_type="draft-dflash").stats
     per_rb = 1000.0 * full.t_rollback_s / max(full.n_rollbacks, 1)
     return dict(arch=arch, mode=mode, verify1=costs["verify_ms"][0], verify6=costs["verify_ms"][-1],
                 rollback=per_rb, redecoded=full.n_redecoded / max(full.n_rollbacks, 1),

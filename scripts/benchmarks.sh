@@ -12,7 +12,8 @@
 # bench-runs/), SIDE ("--upstream --prompt-lookup"; empty to skip), SIDE_TEMPS (temperatures that
 # get SIDE, default: all of TEMPS), THREADS (default: all), ADAPTIVE (bench mode's
 # --spec-draft-adaptive, default off: the summary measures the drafter itself, every pass verifying
-# the whole block; the sweep section has the adaptive policy). A run whose bench.json exists is kept
+# the whole block; the sweep section has the adaptive policy), SPEC_TYPE (bench mode's --spec-type,
+# default draft-dflash: the drafter alone, no context drafts). A run whose bench.json exists is kept
 # (delete RUNS/<set>-t<T>/ to redo it), so an interrupted script resumes.
 # MBPP is shipped in the package (dflash2_gguf/data/mbpp.jsonl.gz; $DFLASH2_GGUF_MBPP reads another copy).
 set -euo pipefail
@@ -61,7 +62,7 @@ for ds in $SETS; do
   for t in $TEMPS; do
     side=""
     [[ " $SIDE_TEMPS " == *" $t "* ]] && side=$SIDE
-    cmd="dflash2-gguf bench -m $TARGET -md $DRAFTER --dataset $ds --n-prompts $N_PROMPTS --max-new-tokens $MAX_NEW --temp $t --seed 0 --spec-draft-adaptive ${ADAPTIVE:-off} $side --out $RUNS/$ds-t$t ${THREADS:+-t $THREADS}"
+    cmd="dflash2-gguf bench -m $TARGET -md $DRAFTER --dataset $ds --n-prompts $N_PROMPTS --max-new-tokens $MAX_NEW --temp $t --seed 0 --spec-draft-adaptive ${ADAPTIVE:-off} --spec-type ${SPEC_TYPE:-draft-dflash} $side --out $RUNS/$ds-t$t ${THREADS:+-t $THREADS}"
     if [[ -f $RUNS/$ds-t$t/bench.json ]]; then echo "kept: $RUNS/$ds-t$t" >&2; continue; fi
     record_command "$RUNS/commands.txt" "$RUNS/$ds-t$t" "$cmd"
     echo "+ $cmd" >&2
