@@ -1,0 +1,493 @@
+"""Agent-shaped work, side by side (issue 43, Deliver 5): our driver's configurations and stock
+llama-server built from the pinned source, same GGUFs, same threads, T = 0, decode tokens/s.
+
+Prompts: ``data/agent/agent_prompts.jsonl`` (:mod:`benchmarks.agent_prompts`: code edits, JSON
+tool round trips, an agent transcript replayed turn by turn, prose as the control), each rendered
+once with our chat renderer (:func:`dflash2_gguf.chat.chat_prompt_ids`, what our server feeds)
+and sent as those token ids to both: ``DFlashDecoder.generate(ids)`` and llama-server's
+``/completion`` with ``"prompt": ids`` (its ``tokens_evaluated`` is checked against ``len(ids)``).
+
+Configurations (each its own decoder or server process, all loaded at the start; every prompt runs
+on every configuration back to back, in an order rotated and reversed from one prompt to the
+next, so that drift in machine speed hits all alike; each configuration sees each prompt once, so
+an n-gram pool shared across requests fills from earlier prompts only, as in a server):
+
+- ours: ``target alone`` (no drafter, no context drafts), ``DFlash adaptive`` (``spec_type
+  draft-dflash``; with a drafter), ``context drafts`` (``ngram-simple,ngram-mod``, no drafter
+  loaded), ``mix (default)`` (with a drafter: the default, all three sources chosen per cycle).
+  "Our default" is the mix with a drafter and the context drafts without one (the issue's
+  "context drafts alone" on the targets that have no drafter).
+- llama-server: ``--spec-type`` none, ``ngram-simple``, ``ngram-mod``, ``ngram-map-k`` (each
+  measured; the best of them is "llama.cpp's best n-gram") and, with a drafter,
+  ``draft-dflash,ngram-mod``; defaults otherwise (``-np 1``, ``-c`` as ours, ``-t``/``-tb`` the
+  threads).
+
+Decode tokens/s: tokens after the first / seconds after the prefill, summed over the prompts
+(ours: ``(n_generated - 1) / (t_total - t_prefill)``; llama-server: ``(predicted_n - 1) /
+predicted_ms`` of its ``timings``, whose first token is sampled from the prompt's pass).
+
+Usage (an idle machine, OpenMP wait policy at its default)::
+
+    python -m benchmarks.agent_bench -m SmolLM2-135M-Instruct.Q4_1.gguf -md models/smollm2-135m-dflash2.gguf \\
+        -t 2 -n 256 --out bench-out/agent-smollm2.json
+    python -m benchmarks.agent_bench -m Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf -t 2 --out bench-out/agent-qwen05.json
+    python -m benchmarks.agent_bench --report bench-out/agent-*.json --benchmarks BENCHMARKS.md --plot \\
+        benchmarks/agent_bench.png     # the section "Agent-shaped work: context drafts"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = ROOT / "data" / "agent" / "agent_prompts.jsonl"
+KINDS = ("code-edit", "json-tool", "transcript", "prose")
+LLAMA_NGRAM = ("ngram-simple", "ngram-mod", "ngram-map-k")
+SECTION_START = "<!-- agent-bench:start -->"
+SECTION_END = "<!-- agent-bench:end -->"
+
+
+def pick_rows(path: Path, kinds, n_per_kind: int) -> list:
+    """The first ``n_per_kind`` rows of each kind (the transcript: ``n_per_kind`` turns spread over
+    the session, its last turn included)."""
+    rows = [json.loads(ln) for ln in open(path, encoding="utf-8") if ln.strip()]
+    out = []
+    for k in kinds:
+        rk = [r for r in rows if r["kind"] == k]
+        if k == "transcript" and len(rk) > n_per_kind:
+            step = (len(rk) - 1) / max(1, n_per_kind - 1)
+            rk = [rk[round(i * step)] for i in range(n_per_kind)] if n_per_kind > 1 else rk[-1:]
+        out += rk[:n_per_kind]
+    return out
+
+
+# ---------------------------------------------------------------------------- configurations
+
+class OurConfig:
+    """One of our configurations: its own decoder, generate kwargs."""
+
+    backend = "ours"
+
+    def __init__(self, name: str, target: str, drafter: Optional[str], threads: int, n_ctx: int, **gen) -> None:
+        from dflash2_gguf import DFlashDecoder
+
+        self.name, self.gen = name, gen
+        self.dec = DFlashDecoder(target, drafter, n_ctx=n_ctx, n_threads=threads)
+
+    def warmup(self, ids: list) -> None:
+        from dflash2_gguf import SamplingParams
+
+        self.dec.generate(ids, max_tokens=16, sampling=SamplingParams.greedy_params(), **self.gen)
+
+    def run(self, ids: list, n: int) -> dict:
+        from dflash2_gguf import SamplingParams
+
+        r = self.dec.generate(ids, max_tokens=n, sampling=SamplingParams.greedy_params(), cache_prompt=True, **self.gen)
+        s = r.stats
+        return dict(tokens=list(r.tokens), n_prompt=s.n_prompt, decode_tokens=s.n_generated - 1,
+                    decode_seconds=s.t_total_s - s.t_prefill_s, cycles=s.n_cycles, drafted=s.n_drafted,
+                    accepted=s.n_accepted, k_hist=list(s.k_hist), sources=dict(s.sources),
+                    drafter_skipped=s.n_drafter_skipped, t_target=s.t_target_s, t_draft=s.t_draft_s,
+                    t_inject=s.t_inject_s, t_sample=s.t_sample_s, t_rollback=s.t_rollback_s, stop=s.stop_reason)
+
+    def extra(self) -> dict:
+        return dict(cost_model=self.dec.cost_model)
+
+    def close(self) -> None:
+        self.dec.close()
+
+
+class LlamaServerConfig:
+    """One llama-server process with one ``--spec-type``."""
+
+    backend = "llama-server"
+
+    def __init__(self, name: str, exe: str, target: str, threads: int, n_ctx: int, spec: list) -> None:
+        from benchmarks.llama_server_compat import _free_port, _wait
+
+        self.name = name
+        port = _free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        cmd = [exe, "-m", target, "-c", str(n_ctx), "-t", str(threads), "-tb", str(threads), "-np", "1",
+               "--port", str(port), *spec]
+        self.cmd = cmd
+        self.log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"agent-bench-{port}.log", "w")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        _wait(self.url, self.proc)
+
+    def _post(self, ids: list, n: int) -> dict:
+        import httpx
+
+        body = {"prompt": ids, "n_predict": n, "temperature": 0.0, "top_k": 1, "seed": 0, "cache_prompt": True,
+                "return_tokens": True, "stream": False}
+        r = httpx.post(self.url + "/completion", json=body, timeout=3600)
+        r.raise_for_status()
+        return r.json()
+
+    def warmup(self, ids: list) -> None:
+        self._post(ids, 16)
+
+    def run(self, ids: list, n: int) -> dict:
+        d = self._post(ids, n)
+        t = d["timings"]
+        return dict(tokens=list(d.get("tokens") or []), n_prompt=int(d.get("tokens_evaluated", -1)),
+                    decode_tokens=int(t["predicted_n"]) - 1, decode_seconds=float(t["predicted_ms"]) / 1000.0,
+                    drafted=int(t.get("draft_n", 0)), accepted=int(t.get("draft_n_accepted", 0)),
+                    stop=d.get("stop_type", ""))
+
+    def extra(self) -> dict:
+        return dict(command=" ".join(Path(c).name if i == 0 else c for i, c in enumerate(self.cmd)))
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+# ---------------------------------------------------------------------------- the run
+
+def _add(acc: dict, r: dict) -> None:
+    for k in ("decode_tokens", "decode_seconds", "cycles", "drafted", "accepted", "drafter_skipped",
+              "t_target", "t_draft", "t_inject", "t_sample", "t_rollback"):
+        if k in r:
+            acc[k] = acc.get(k, 0) + r[k]
+    acc["requests"] = acc.get("requests", 0) + 1
+    if "k_hist" in r:
+        kh = acc.setdefault("k_hist", [])
+        kh.extend([0] * (len(r["k_hist"]) - len(kh)))
+        for k, v in enumerate(r["k_hist"]):
+            kh[k] += v
+    for src, d in (r.get("sources") or {}).items():
+        a = acc.setdefault("sources", {}).setdefault(src, {})
+        for kk, vv in d.items():
+            a[kk] = a.get(kk, 0) + vv
+
+
+def run_bench(target: str, drafter: Optional[str], *, threads: int, n_new: int, n_ctx: int, kinds, n_per_kind: int,
+              prompts: Path = PROMPTS, llama: bool = True, llama_types=LLAMA_NGRAM, ours: bool = True,
+              progress: bool = True) -> dict:
+    from dflash2_gguf import DFlashDecoder
+    from dflash2_gguf.chat import chat_prompt_ids
+
+    rows = pick_rows(prompts, kinds, n_per_kind)
+    with DFlashDecoder(target, None, n_ctx=n_ctx, n_threads=threads) as dec:
+        ids = [chat_prompt_ids(dec, r["messages"]) for r in rows]
+    keep = [i for i, x in enumerate(ids) if len(x) + n_new + 32 <= n_ctx]
+    rows, ids = [rows[i] for i in keep], [ids[i] for i in keep]
+    configs = []
+    t0 = time.time()
+    try:
+        if ours:
+            configs.append(OurConfig("target alone", target, None, threads, n_ctx))
+            if drafter:
+                configs.append(OurConfig("DFlash adaptive", target, drafter, threads, n_ctx, spec_type="draft-dflash"))
+            configs.append(OurConfig("context drafts", target, None, threads, n_ctx, spec_type="ngram-simple,ngram-mod"))
+            if drafter:
+                configs.append(OurConfig("mix (default)", target, drafter, threads, n_ctx))
+        if llama:
+            from benchmarks.llama_server_compat import build_llama_server
+
+            exe = str(build_llama_server())
+            configs.append(LlamaServerConfig("llama.cpp none", exe, target, threads, n_ctx, []))
+            for t in llama_types:
+                configs.append(LlamaServerConfig(f"llama.cpp {t}", exe, target, threads, n_ctx, ["--spec-type", t]))
+            if drafter:
+                configs.append(LlamaServerConfig("llama.cpp draft-dflash,ngram-mod", exe, target, threads, n_ctx,
+                                                 ["-md", drafter, "-td", str(threads), "--spec-type",
+                                                  "draft-dflash,ngram-mod"]))
+        warm = ids[0][:64]
+        for c in configs:
+            c.warmup(warm)
+        load_s = time.time() - t0
+        results = {c.name: dict(backend=c.backend, all={}, kinds={}, per_prompt=[]) for c in configs}
+        t1 = time.time()
+        for i, (row, x) in enumerate(zip(rows, ids)):
+            order = configs[i % len(configs):] + configs[:i % len(configs)]
+            if i % 2:
+                order = order[::-1]
+            outs = {}
+            for c in order:
+                time.sleep(0.3)  # an idle gap: the previous process's OpenMP threads stop spinning
+                r = c.run(x, n_new)
+                outs[c.name] = r
+                res = results[c.name]
+                _add(res["all"], r)
+                _add(res["kinds"].setdefault(row["kind"], {}), r)
+                res["per_prompt"].append(dict(id=row["id"], kind=row["kind"], n_prompt_ids=len(x),
+                                              **{k: v for k, v in r.items() if k != "tokens"},
+                                              n_tokens=len(r["tokens"])))
+            base_ours = outs.get("target alone", {}).get("tokens")
+            base_llama = outs.get("llama.cpp none", {}).get("tokens")
+            for name, r in outs.items():
+                pp = results[name]["per_prompt"][-1]
+                ref = base_ours if results[name]["backend"] == "ours" else base_llama
+                pp["identical_to_target"] = ref is not None and r["tokens"] == ref
+                pp["identical_to_ours_target"] = base_ours is not None and r["tokens"] == base_ours
+            if progress:
+                line = ", ".join(f"{n}: {outs[n]['decode_tokens'] / max(outs[n]['decode_seconds'], 1e-9):.1f}"
+                                 for n in results)
+                print(f"[{i + 1}/{len(rows)} {row['id']} ({len(x)} prompt tokens)] {line}", file=sys.stderr, flush=True)
+        bench_s = time.time() - t1
+        extras = {c.name: c.extra() for c in configs}
+    finally:
+        for c in configs:
+            c.close()
+    for name, res in results.items():
+        res.update(extras[name])
+        for acc in [res["all"], *res["kinds"].values()]:
+            acc["tokens_per_second"] = acc["decode_tokens"] / acc["decode_seconds"] if acc.get("decode_seconds") else 0.0
+            if acc.get("cycles"):
+                acc["tau"] = (acc["decode_tokens"]) / acc["cycles"]
+        res["identical"] = all(p["identical_to_target"] for p in res["per_prompt"])
+        res["n_prompt_mismatch"] = sum(p["n_prompt"] not in (-1, p["n_prompt_ids"]) for p in res["per_prompt"])
+    return dict(config=dict(target=str(target), drafter=str(drafter) if drafter else None, threads=threads,
+                            n_new=n_new, n_ctx=n_ctx, kinds=list(kinds), n_per_kind=n_per_kind,
+                            prompts=str(Path(prompts).relative_to(ROOT)) if Path(prompts).is_absolute() else str(prompts),
+                            rows=[r["id"] for r in rows], load_seconds=load_s, bench_seconds=bench_s,
+                            machine=machine(), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                            command="python -m benchmarks.agent_bench " + " ".join(sys.argv[1:])),
+                results=results)
+
+
+def machine() -> str:
+    cpu = ""
+    try:
+        for ln in open("/proc/cpuinfo"):
+            if ln.startswith("model name"):
+                cpu = ln.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu or platform.processor()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
+
+
+# ---------------------------------------------------------------------------- report
+
+def _short(path: Optional[str]) -> str:
+    return Path(path).name if path else "none"
+
+
+def ours_default(rep: dict) -> str:
+    return "mix (default)" if "mix (default)" in rep["results"] else "context drafts"
+
+
+def best_llama(rep: dict, kind: Optional[str] = None) -> Optional[str]:
+    """llama-server's best n-gram configuration (overall, or on one kind)."""
+    cands = [(n, r) for n, r in rep["results"].items()
+             if r["backend"] == "llama-server" and any(n.endswith(t) for t in LLAMA_NGRAM)]
+    if not cands:
+        return None
+    key = (lambda nr: nr[1]["all"]["tokens_per_second"]) if kind is None else \
+        (lambda nr: nr[1]["kinds"].get(kind, {}).get("tokens_per_second", 0.0))
+    return max(cands, key=key)[0]
+
+
+def _tps(res: dict, kind: Optional[str]) -> float:
+    acc = res["all"] if kind is None else res["kinds"].get(kind, {})
+    return acc.get("tokens_per_second", 0.0)
+
+
+def _drafts(res: dict, kind: Optional[str]) -> str:
+    acc = res["all"] if kind is None else res["kinds"].get(kind, {})
+    if res["backend"] == "llama-server":
+        return f"{acc.get('accepted', 0)} / {acc.get('drafted', 0)}" if acc.get("drafted") else ""
+    parts = []
+    if acc.get("cycles"):
+        parts.append(f"tau {acc['tau']:.2f}")
+    for src, d in sorted((acc.get("sources") or {}).items()):
+        if d.get("drafted"):
+            parts.append(f"{src} {d['accepted']}/{d['drafted']} in {d['cycles']} cycles")
+    return "; ".join(parts)
+
+
+def model_markdown(rep: dict) -> str:
+    c = rep["config"]
+    alone = rep["results"].get("target alone")
+    best = best_llama(rep)
+    by_kind = [k for k in c["kinds"] if any(k in r["kinds"] for r in rep["results"].values())]
+    head = ["configuration", "decode tok/s (all)", "vs target alone", "vs llama.cpp best n-gram",
+            *[f"{k} tok/s" for k in by_kind], "T=0 identical", "accepted / drafted (tau; per source)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, res in rep["results"].items():
+        tps = _tps(res, None)
+        ra = tps / _tps(alone, None) if alone and _tps(alone, None) else float("nan")
+        rb = tps / _tps(rep["results"][best], None) if best else float("nan")
+        nm = f"**{name}**" if name == ours_default(rep) else (f"*{name}*" if name == best else name)
+        ident = "yes" if res["identical"] else f"no ({sum(not p['identical_to_target'] for p in res['per_prompt'])})"
+        lines.append(f"| {nm} | {tps:.1f} | {ra:.2f}x | {rb:.2f}x | "
+                     + " | ".join(f"{_tps(res, k):.1f}" for k in by_kind)
+                     + f" | {ident} | {_drafts(res, None)} |")
+    return "\n".join(lines)
+
+
+def verdict(rep: dict) -> str:
+    d = ours_default(rep)
+    res = rep["results"]
+    best = best_llama(rep)
+    parts = []
+    if "target alone" in res:
+        parts.append(f"our default ({d}) / target alone = {_tps(res[d], None) / _tps(res['target alone'], None):.3f}")
+    if best:
+        parts.append(f"/ llama.cpp's best n-gram ({best.split(' ', 1)[1]}) = "
+                     f"{_tps(res[d], None) / _tps(res[best], None):.3f}")
+        others = [n for n, r in res.items() if r["backend"] == "llama-server"]
+        top = max(others, key=lambda n: _tps(res[n], None))
+        if top != best:
+            parts.append(f"/ llama.cpp's best overall ({top.split(' ', 1)[1]}) = "
+                         f"{_tps(res[d], None) / _tps(res[top], None):.3f}")
+    if "llama.cpp none" in res and "target alone" in res:
+        parts.append(f"llama.cpp none / our target alone = "
+                     f"{_tps(res['llama.cpp none'], None) / _tps(res['target alone'], None):.3f}")
+        same = sum(p["identical_to_ours_target"] for p in res["llama.cpp none"]["per_prompt"])
+        parts.append(f"llama-server's T = 0 tokens equal ours on {same} of {len(res['llama.cpp none']['per_prompt'])} prompts")
+    mism = {n: r["n_prompt_mismatch"] for n, r in res.items() if r["backend"] == "llama-server"}
+    parts.append("prompt token counts agree with llama-server's tokens_evaluated on every request" if not any(mism.values())
+                 else f"prompt token count mismatches: {mism}")
+    return "; ".join(parts) + "."
+
+
+def where_time_goes(rep: dict) -> str:
+    out = []
+    for name, res in rep["results"].items():
+        if res["backend"] != "ours":
+            continue
+        a = res["all"]
+        sec = a.get("decode_seconds", 0.0) or 1e-9
+        kh = ", ".join(f"{k}: {n}" for k, n in enumerate(a.get("k_hist", [])) if n)
+        out.append(f"- {name}: {a.get('cycles', 0)} target passes for {a.get('decode_tokens', 0)} tokens "
+                   f"(tau {a.get('tau', 0):.2f}); verify passes {100 * a.get('t_target', 0) / sec:.0f}%, drafter + "
+                   f"injection {100 * (a.get('t_draft', 0) + a.get('t_inject', 0)) / sec:.0f}%, sampling/acceptance "
+                   f"{100 * a.get('t_sample', 0) / sec:.0f}% of decode time; k histogram {{{kh}}}")
+        cm = res.get("cost_model")
+        if cm and cm.get("verify_ms"):
+            v = cm["verify_ms"]
+            out[-1] += ("; cost model: verify " + ", ".join(f"{x:.1f}" for x in v[:17])
+                        + f" ms for 1..{min(len(v), 17)} rows")
+    return "\n".join(out)
+
+
+def report_section(reps: list, plot: Optional[str], notes: str = "") -> str:
+    lines = [SECTION_START, "## Agent-shaped work: context drafts", "",
+             "Issue 43, Deliver 5. Prompts made here, not drawn from any benchmark set "
+             "(`data/agent/agent_prompts.jsonl`, built by `python -m benchmarks.agent_prompts`): code edits of "
+             "real 55-130-line files (four of this repository at 007f1e3, four of idna 3.21, click 8.5.1, "
+             "jinja2 3.1.6 and requests 2.34.2 as installed here; rename / fix this bug / add a method, \"print the "
+             "whole file\"), JSON tool-call round trips (a tool result in the context, \"call the update tool with "
+             "one field changed\"), a scripted coding-agent transcript replayed turn by turn (turns spread over the "
+             "session), and prose as the control. Each prompt is rendered once by our chat renderer and the same "
+             "token ids go to our decoder and to stock `llama-server` built from the pinned llama.cpp 0c1e570 "
+             "(`/completion` with `\"prompt\": ids`), one process per `--spec-type`, all loaded for the whole "
+             "run; every prompt runs on every configuration back to back (rotated order), T = 0. Decode "
+             "tokens/s: tokens after the first over the time after the prefill, summed over the prompts. "
+             "**Bold**: our default (the mix with the drafter; without one, context drafts alone); *italic*: "
+             "llama.cpp's best n-gram type.", ""]
+    if notes:
+        lines += [notes, ""]
+    for rep in reps:
+        c = rep["config"]
+        lines += [f"### {_short(c['target'])}" + (f" with {_short(c['drafter'])}" if c["drafter"] else ""), "",
+                  f"{len(c['rows'])} prompts ({', '.join(c['kinds'])}; {c['n_per_kind']} per kind), "
+                  f"{c['n_new']} new tokens at most, {c['threads']} threads, n_ctx {c['n_ctx']}; {c['date']}; "
+                  f"{c['machine']}.", "", f"`{c['command']}`", "", model_markdown(rep), "", verdict(rep), "",
+                  "Where our decode time goes:", "", where_time_goes(rep), ""]
+    if plot:
+        lines += [f"![decode tokens/s by configuration and kind]({plot})", ""]
+    lines.append(SECTION_END)
+    return "\n".join(lines)
+
+
+def write_plot(reps: list, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(reps), 1, figsize=(11, 3.6 * len(reps)), squeeze=False)
+    for ax, rep in zip(axes[:, 0], reps):
+        names = list(rep["results"])
+        kinds = [k for k in rep["config"]["kinds"]] + ["all"]
+        alone = rep["results"].get("target alone") or rep["results"].get("llama.cpp none")
+        w = 0.8 / len(names)
+        for j, n in enumerate(names):
+            res = rep["results"][n]
+            vals = [_tps(res, None if k == "all" else k) / max(_tps(alone, None if k == "all" else k), 1e-9)
+                    for k in kinds]
+            hatch = "//" if res["backend"] == "llama-server" else None
+            ax.bar([i + j * w for i in range(len(kinds))], vals, w, label=n, hatch=hatch)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks([i + 0.4 - w / 2 for i in range(len(kinds))], kinds)
+        ax.set_ylabel("decode tok/s vs our target alone")
+        c = rep["config"]
+        ax.set_title(_short(c["target"]) + (f" + {_short(c['drafter'])}" if c["drafter"] else "")
+                     + f", {c['threads']} threads, T = 0")
+        ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def replace_section(md_path: Path, section: str) -> None:
+    text = md_path.read_text(encoding="utf-8") if md_path.exists() else "# Benchmarks\n"
+    if SECTION_START in text and SECTION_END in text:
+        a, b = text.index(SECTION_START), text.index(SECTION_END) + len(SECTION_END)
+        text = text[:a] + section + text[b:]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    md_path.write_text(text, encoding="utf-8")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-m", "--model")
+    p.add_argument("-md", "--model-draft", default=None)
+    p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("-n", "--n-predict", type=int, default=256)
+    p.add_argument("-c", "--ctx-size", type=int, default=4096)
+    p.add_argument("--kinds", default=",".join(KINDS))
+    p.add_argument("--n-per-kind", type=int, default=8)
+    p.add_argument("--prompts", default=str(PROMPTS))
+    p.add_argument("--no-llama", action="store_true", help="our configurations only")
+    p.add_argument("--llama-types", default=",".join(LLAMA_NGRAM))
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--report", nargs="*", default=None, help="instead: render these JSON results")
+    p.add_argument("--benchmarks", default=None, help="with --report: rewrite this file's section")
+    p.add_argument("--plot", default=None, help="with --report: write the PNG here")
+    p.add_argument("--notes", default="", help="with --report: a paragraph (what else ran, ...)")
+    a = p.parse_args(argv)
+    if a.report is not None:
+        reps = [json.loads(Path(f).read_text()) for f in a.report]
+        if a.plot:
+            write_plot(reps, a.plot)
+        sec = report_section(reps, os.path.relpath(a.plot, Path(a.benchmarks).parent) if a.plot and a.benchmarks
+                             else a.plot, a.notes)
+        print(sec)
+        if a.benchmarks:
+            replace_section(Path(a.benchmarks), sec)
+        return 0
+    if not a.model:
+        p.error("-m TARGET.gguf (or --report)")
+    rep = run_bench(a.model, a.model_draft, threads=a.threads, n_new=a.n_predict, n_ctx=a.ctx_size,
+                    kinds=[k for k in a.kinds.split(",") if k], n_per_kind=a.n_per_kind, prompts=Path(a.prompts),
+                    llama=not a.no_llama, llama_types=[t for t in a.llama_types.split(",") if t])
+    print(model_markdown(rep))
+    print()
+    print(verdict(rep))
+    print(where_time_goes(rep))
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(rep, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
