@@ -206,7 +206,8 @@ def run_bench(target: str, drafter: Optional[str], *, threads: int, n_new: int, 
                 configs.append(LlamaServerConfig("llama.cpp draft-dflash,ngram-mod", exe, target, threads, n_ctx,
                                                  ["-md", drafter, "-td", str(threads), "--spec-type",
                                                   "draft-dflash,ngram-mod"]))
-        warm = ids[0][:64]
+        with DFlashDecoder(target, None, n_ctx=256, n_threads=threads) as dec:  # no request's text: pools keep it
+            warm = chat_prompt_ids(dec, [{"role": "user", "content": "Say hello."}])
         for c in configs:
             c.warmup(warm)
         load_s = time.time() - t0
