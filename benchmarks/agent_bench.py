@@ -181,6 +181,7 @@ def run_bench(target: str, drafter: Optional[str], *, threads: int, n_new: int, 
     from dflash2_gguf.chat import chat_prompt_ids
 
     rows = pick_rows(prompts, kinds, n_per_kind)
+    others_before = other_load()
     with DFlashDecoder(target, None, n_ctx=n_ctx, n_threads=threads) as dec:
         ids = [chat_prompt_ids(dec, r["messages"]) for r in rows]
     keep = [i for i, x in enumerate(ids) if len(x) + n_new + 32 <= n_ctx]
@@ -256,9 +257,23 @@ def run_bench(target: str, drafter: Optional[str], *, threads: int, n_new: int, 
                             n_new=n_new, n_ctx=n_ctx, kinds=list(kinds), n_per_kind=n_per_kind,
                             prompts=str(Path(prompts).relative_to(ROOT)) if Path(prompts).is_absolute() else str(prompts),
                             rows=[r["id"] for r in rows], load_seconds=load_s, bench_seconds=bench_s,
+                            others_before=others_before, others_after=other_load(),
                             machine=machine(), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                             command="python -m benchmarks.agent_bench " + " ".join(sys.argv[1:])),
                 results=results)
+
+
+def other_load() -> dict:
+    """The load average and the other processes using CPU (what else ran beside the benchmark)."""
+    out = dict(loadavg=open("/proc/loadavg").read().split()[:3] if os.path.exists("/proc/loadavg") else [])
+    try:
+        ps = subprocess.run(["ps", "-eo", "pid,pcpu,etimes,args", "--sort=-pcpu"], capture_output=True, text=True,
+                            timeout=10).stdout.splitlines()[1:8]
+        me = os.getpid()
+        out["top"] = [ln.strip()[:160] for ln in ps if ln.split()[0] != str(me) and float(ln.split()[1]) >= 5.0]
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        pass
+    return out
 
 
 def machine() -> str:
@@ -400,7 +415,9 @@ def report_section(reps: list, plot: Optional[str], notes: str = "") -> str:
         lines += [f"### {_short(c['target'])}" + (f" with {_short(c['drafter'])}" if c["drafter"] else ""), "",
                   f"{len(c['rows'])} prompts ({', '.join(c['kinds'])}; {c['n_per_kind']} per kind), "
                   f"{c['n_new']} new tokens at most, {c['threads']} threads, n_ctx {c['n_ctx']}; {c['date']}; "
-                  f"{c['machine']}.", "", f"`{c['command']}`", "", model_markdown(rep), "", verdict(rep), "",
+                  f"{c['machine']}; load average {' / '.join(c.get('others_before', {}).get('loadavg', []))} before, "
+                  f"{' / '.join(c.get('others_after', {}).get('loadavg', []))} after; wall time "
+                  f"{c['bench_seconds'] / 60:.0f} min.", "", f"`{c['command']}`", "", model_markdown(rep), "", verdict(rep), "",
                   "Where our decode time goes:", "", where_time_goes(rep), ""]
     if plot:
         lines += [f"![decode tokens/s by configuration and kind]({plot})", ""]
