@@ -286,8 +286,8 @@ def test_bench_sweep_cli_and_report_section(native_ext, smollm2_gguf, smollm2_dr
     for r in ctx:
         assert r["tokens"] == rep["rows"][0]["tokens"] // 2 and r["departed"] == 0 and sum(r["k_hist"]) == r["cycles"]
         assert set(r["sources"]) <= {"draft-dflash", "ngram-simple", "ngram-mod"}
-    used = [{src for src, d in r["sources"].items() if d["drafted"]} for r in ctx]
         assert math.isclose(r["ratio_vs_alone"], r["tokens_per_second"] / rep["rows"][0]["tokens_per_second"])
+    used = [{src for src, d in r["sources"].items() if d["drafted"]} for r in ctx]
     assert used[0] <= {"ngram-simple"} and used[1] <= {"ngram-mod"}
     assert "draft-dflash" not in used[2] and ctx[2]["draft_inject_seconds"] == 0
     assert rep["mix_vs_alone"] == ctx[3]["ratio_vs_alone"] and rep["context_vs_alone"] == ctx[2]["ratio_vs_alone"]
