@@ -81,6 +81,10 @@ class OurConfig:
 
         self.name, self.gen = name, gen
         self.dec = DFlashDecoder(target, drafter, n_ctx=n_ctx, n_threads=threads)
+        if gen.get("spec_type", "") != "" or drafter:
+            # measured now, not a cost model (and learnt policy state) saved by earlier runs that may
+            # have run on a loaded machine: each run starts from the same calibration
+            self.dec.measure_cost_model(reps=3, save=False)
 
     def warmup(self, ids: list) -> None:
         from dflash2_gguf import SamplingParams
