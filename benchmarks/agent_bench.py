@@ -262,6 +262,7 @@ def run_bench(target: str, drafter: Optional[str], *, threads: int, n_new: int, 
                             prompts=str(Path(prompts).relative_to(ROOT)) if Path(prompts).is_absolute() else str(prompts),
                             rows=[r["id"] for r in rows], load_seconds=load_s, bench_seconds=bench_s,
                             others_before=others_before, others_after=other_load(),
+                            omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", "(default)"),
                             machine=machine(), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                             command="python -m benchmarks.agent_bench " + " ".join(sys.argv[1:])),
                 results=results)
@@ -421,7 +422,7 @@ def report_section(reps: list, plot: Optional[str], notes: str = "") -> str:
                   f"{c['n_new']} new tokens at most, {c['threads']} threads, n_ctx {c['n_ctx']}; {c['date']}; "
                   f"{c['machine']}; load average {' / '.join(c.get('others_before', {}).get('loadavg', []))} before, "
                   f"{' / '.join(c.get('others_after', {}).get('loadavg', []))} after; wall time "
-                  f"{c['bench_seconds'] / 60:.0f} min.", "", f"`{c['command']}`", "", model_markdown(rep), "", verdict(rep), "",
+                  f"{c['bench_seconds'] / 60:.0f} min; OMP_WAIT_POLICY {c.get('omp_wait_policy', '(default)')}.", "", f"`{c['command']}`", "", model_markdown(rep), "", verdict(rep), "",
                   "Where our decode time goes:", "", where_time_goes(rep), ""]
     if plot:
         lines += [f"![decode tokens/s by configuration and kind]({plot})", ""]
