@@ -31,6 +31,8 @@ Usage (an idle machine, OpenMP wait policy at its default)::
     python -m benchmarks.agent_bench -m SmolLM2-135M-Instruct.Q4_1.gguf -md models/smollm2-135m-dflash2.gguf \\
         -t 2 -n 256 --out bench-out/agent-smollm2.json
     python -m benchmarks.agent_bench -m Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf -t 2 --out bench-out/agent-qwen05.json
+    python -m benchmarks.agent_bench -m SmolLM2-135M-Instruct.Q4_1.gguf -md models/smollm2-135m-dflash2.gguf \\
+        -t 1 --identity code-edit-0,code-edit-1,transcript-0,transcript-11   # T = 0 identity, 1 thread
     python -m benchmarks.agent_bench --report bench-out/agent-*.json --benchmarks BENCHMARKS.md --plot \\
         benchmarks/agent_bench.png     # the section "Agent-shaped work: context drafts"
 """
@@ -281,6 +283,38 @@ def other_load() -> dict:
     return out
 
 
+def identity_check(target: str, drafter: Optional[str], threads: int, ids_wanted: list, n_new: int = 256,
+                   n_ctx: int = 4096, prompts: Path = PROMPTS) -> list:
+    """T = 0: the target alone, context drafts and (with a drafter) the mix on the prompts named;
+    per prompt and configuration, None (identical) or the generated-token index where the text parts
+    from the target alone's. With 1 thread the one-token decodes sum like batched rows (README,
+    "Exactness at T = 0"), so any departure there would be a driver bug."""
+    from dflash2_gguf import DFlashDecoder, SamplingParams
+    from dflash2_gguf.chat import chat_prompt_ids
+
+    rows = [r for r in pick_rows(prompts, KINDS, 10**6) if r["id"] in ids_wanted]
+    g = SamplingParams.greedy_params()
+    confs = [("target alone", None, {}), ("context drafts", None, dict(spec_type="ngram-simple,ngram-mod"))]
+    confs += [("mix (default)", drafter, {})] if drafter else []
+    out = []
+    decs = {n: DFlashDecoder(target, d, n_ctx=n_ctx, n_threads=threads) for n, d, _ in confs}
+    try:
+        for r in rows:
+            ids = chat_prompt_ids(decs["target alone"], r["messages"])
+            toks = {n: decs[n].generate(ids, max_tokens=n_new, sampling=g, **kw).tokens for n, _, kw in confs}
+            a = toks["target alone"]
+            for n, b in toks.items():
+                first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y),
+                             None if len(a) == len(b) else min(len(a), len(b)))
+                out.append(dict(id=r["id"], n_prompt=len(ids), config=n, departs_at=first))
+                print(f"{r['id']} ({len(ids)} prompt tokens) {n}: " + ("identical" if first is None else
+                      f"parts at generated token {first} (cell {len(ids) + first})"), flush=True)
+    finally:
+        for d in decs.values():
+            d.close()
+    return out
+
+
 def machine() -> str:
     cpu = ""
     try:
@@ -485,8 +519,15 @@ def main(argv=None) -> int:
     p.add_argument("--report", nargs="*", default=None, help="instead: render these JSON results")
     p.add_argument("--benchmarks", default=None, help="with --report: rewrite this file's section")
     p.add_argument("--plot", default=None, help="with --report: write the PNG here")
-    p.add_argument("--notes", default="", help="with --report: a paragraph (what else ran, ...)")
+    p.add_argument("--notes", default="", help="with --report: a paragraph (what else ran, ...), or @FILE")
+    p.add_argument("--identity", default=None, metavar="ID,ID,...",
+                   help="instead: T = 0 identity of target alone / context drafts / mix on these prompts (-t threads)")
     a = p.parse_args(argv)
+    if a.notes.startswith("@"):
+        a.notes = Path(a.notes[1:]).read_text(encoding="utf-8").strip()
+    if a.identity:
+        res = identity_check(a.model, a.model_draft, a.threads, a.identity.split(","), a.n_predict, a.ctx_size)
+        return 0 if all(r["departs_at"] is None for r in res) else 1
     if a.report is not None:
         reps = [json.loads(Path(f).read_text()) for f in a.report]
         if a.plot:
