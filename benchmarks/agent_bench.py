@@ -366,12 +366,27 @@ def _drafts(res: dict, kind: Optional[str]) -> str:
     return "; ".join(parts)
 
 
+def geomean_speedup(rep: dict, name: str, base: str = "target alone") -> float:
+    """Geometric mean over the prompts of this configuration's decode tokens/s over ``base``'s on the
+    same prompt (each prompt weighs the same; the "all" column weighs them by time)."""
+    import math
+
+    b = {p["id"]: p for p in rep["results"][base]["per_prompt"]}
+    logs = []
+    for p in rep["results"][name]["per_prompt"]:
+        q = b.get(p["id"])
+        if q and p["decode_seconds"] > 0 and q["decode_seconds"] > 0 and p["decode_tokens"] > 0 and q["decode_tokens"] > 0:
+            logs.append(math.log((p["decode_tokens"] / p["decode_seconds"]) / (q["decode_tokens"] / q["decode_seconds"])))
+    return math.exp(sum(logs) / len(logs)) if logs else float("nan")
+
+
 def model_markdown(rep: dict) -> str:
     c = rep["config"]
     alone = rep["results"].get("target alone")
     best = best_llama(rep)
     by_kind = [k for k in c["kinds"] if any(k in r["kinds"] for r in rep["results"].values())]
     head = ["configuration", "decode tok/s (all)", "vs target alone", "vs llama.cpp best n-gram",
+            "per-prompt geomean vs target alone",
             *[f"{k} tok/s" for k in by_kind], "T=0 identical", "accepted / drafted (tau; per source)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, res in rep["results"].items():
@@ -380,7 +395,8 @@ def model_markdown(rep: dict) -> str:
         rb = tps / _tps(rep["results"][best], None) if best else float("nan")
         nm = f"**{name}**" if name == ours_default(rep) else (f"*{name}*" if name == best else name)
         ident = "yes" if res["identical"] else f"no ({sum(not p['identical_to_target'] for p in res['per_prompt'])})"
-        lines.append(f"| {nm} | {tps:.1f} | {ra:.2f}x | {rb:.2f}x | "
+        gm = geomean_speedup(rep, name) if alone else float("nan")
+        lines.append(f"| {nm} | {tps:.1f} | {ra:.2f}x | {rb:.2f}x | {gm:.2f}x | "
                      + " | ".join(f"{_tps(res, k):.1f}" for k in by_kind)
                      + f" | {ident} | {_drafts(res, None)} |")
     return "\n".join(lines)
@@ -396,6 +412,9 @@ def verdict(rep: dict) -> str:
     if best:
         parts.append(f"/ llama.cpp's best n-gram ({best.split(' ', 1)[1]}) = "
                      f"{_tps(res[d], None) / _tps(res[best], None):.3f}")
+        if "target alone" in res:
+            parts.append(f"per-prompt geometric means vs target alone: our default "
+                         f"{geomean_speedup(rep, d):.3f}, llama.cpp's best n-gram {geomean_speedup(rep, best):.3f}")
         others = [n for n, r in res.items() if r["backend"] == "llama-server"]
         top = max(others, key=lambda n: _tps(res[n], None))
         if top != best:
