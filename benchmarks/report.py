@@ -184,6 +184,14 @@ def sweep_table(sweeps: list[dict], kept: Optional[KeptSweeps] = None) -> str:
     return "\n".join(table[:2] + _merged(new, kept.rows if kept else {}))
 
 
+def _context_summary(r: dict) -> str:
+    """The sweep's context rows (issue 43) as ratios to the target alone, "" for sweeps without them."""
+    ctx = r.get("context_rows")
+    if not ctx:
+        return ""
+    return "; context rows (vs target alone): " + ", ".join(f"{x['name']} {x['ratio_vs_alone']:.3f}" for x in ctx)
+
+
 def _departures(r: dict) -> str:
     if r["config"]["temperature"] != 0:
         return "-"
@@ -204,6 +212,7 @@ def sweep_section(sweeps: list[dict], commands: str, old_block: str = "") -> str
                 + ", ".join(f"{x:.1f}" for x in cm.get("verify_ms", [])) + f" ms for 1.. rows; drafter pass "
                 f"{cm.get('draft_ms', float('nan')):.1f} ms"
                 + (f"; adaptive: {ps}" if (ps := policy_summary(r["rows"][-1])) else "")
+                + _context_summary(r)
                 for r in sweeps if (cm := r.get("cost_model"))}
     cmds = {_set_key(_flag(ln, "--dataset"), _flag(ln, "--temp") or "0"): ln.rstrip()
             for ln in commands.strip().splitlines() if ln.strip()}

@@ -79,7 +79,9 @@ def add_bench_args(p) -> None:
                    help="also run llama-cpp-python with and without LlamaPromptLookupDecoding")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--sweep", action="store_true",
-                   help="instead: tokens/s of the target alone, every fixed k and the adaptive policy on the same requests")
+                   help="instead: tokens/s of the target alone, every fixed k and the adaptive policy (the DFlash "
+                        "drafter alone), each context source alone (ngram-simple, ngram-mod, both) and the mix (the "
+                        "default) on the same requests")
 
 
 def run_from_args(args) -> int:
@@ -117,7 +119,7 @@ def run_from_args(args) -> int:
 
         rep = run_sweep(args.model, md, args.dataset, n_prompts=args.n_prompts, max_new_tokens=args.max_tokens,
                         temperature=sp.temperature, seed=seed, n_threads=args.threads, n_ctx=args.ctx_size,
-                        decoder_kwargs=dkw, progress=not args.no_progress, sampling=sp)
+                        decoder_kwargs=dkw, progress=not args.no_progress, sampling=sp, generate_kwargs=gen)
         print(sweep_markdown(rep))
         if args.out:
             out = Path(args.out)

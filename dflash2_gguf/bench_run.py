@@ -8,6 +8,7 @@ side-by-side runs through :mod:`.bench_compare`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import time
@@ -206,16 +207,27 @@ def run_sweep(
     decoder_kwargs: Optional[dict] = None,
     progress: bool = True,
     sampling=None,
+    context: bool = True,
+    generate_kwargs: Optional[dict] = None,
 ) -> dict:
     """Tokens/s of every draft-length policy on the same requests, in one run (issue 14): the
     target alone, every fixed k = 1..n_max (k = n_max is the fixed full block) and the adaptive
-    policy, each request run by every configuration back to back (so drift in machine speed hits
-    all alike). The target alone and the adaptive policy, whose ratio is the one the adaptive
+    policy (these with the DFlash drafter as the only draft source, ``spec_type="draft-dflash"``),
+    then each context source alone and the mix (issue 43): ``ngram-simple``, ``ngram-mod``,
+    ``ngram-simple,ngram-mod`` (no drafter loaded: ``-md none --spec-type ...``) and the default
+    of a decoder with the drafter (all three sources chosen per cycle by expected gain), each
+    request run by every configuration back to back (so drift in machine speed hits all alike).
+    The context rows run on decoders of their own, each seeing each request once: ngram-mod's
+    pool is shared across a decoder's requests and would otherwise hold this request's output
+    from an earlier row. The target alone and the adaptive policy, whose ratio is the one the adaptive
     policy is judged by, run twice per request in a counterbalanced order: alone, adaptive,
     adaptive, alone, then k = 1..n_max; every other request adaptive, alone, alone, adaptive,
     then k = n_max..1 (a drift in machine speed that is linear over four runs cancels, and each
     of the two runs first after a fixed-k run as often as the other). First turns of
     ``dataset`` only.
+
+    ``context=False`` leaves the context rows out; ``generate_kwargs``: the ``spec_ngram_*``
+    settings of the context rows.
 
     Returns:
         ``{"config": ..., "cost_model": {...}, "rows": [{"name", "tokens", "seconds",
@@ -230,7 +242,10 @@ def run_sweep(
         (T = 0): no request departed in any configuration; ``k_hist[k]``: cycles that verified k
         drafts; ``drafter_skipped``: cycles in which the adaptive gate skipped the drafter;
         ``draft_inject_seconds``: time in drafter passes and feature injection (what drafting
-        costs beyond the target's passes).
+        costs beyond the target's passes); ``sources``: per draft source ``{"cycles", "drafted",
+        "accepted"}``. With ``context``, also ``"context_rows"`` (same keys), in the order
+        ngram-simple, ngram-mod, context drafts, mix (default), and ``"mix_vs_alone"`` /
+        ``"context_vs_alone"``.
     """
     from .api import DFlashDecoder
 
@@ -239,36 +254,53 @@ def run_sweep(
     prompts = [t[0] for t in load_prompts(dataset, n_prompts)]
     kw = dict(n_ctx=n_ctx, n_threads=n_threads)
     kw.update(decoder_kwargs or {})
-    with DFlashDecoder(target, drafter, **kw) as dec:
+    ngram = {k: v for k, v in (generate_kwargs or {}).items() if k.startswith("spec_ngram_")}
+    # the context rows: (name, drafter loaded, generate kwargs); each on a decoder of its own
+    ctx_configs = [("ngram-simple", False, dict(spec_type="ngram-simple", **ngram)),
+                   ("ngram-mod", False, dict(spec_type="ngram-mod", **ngram)),
+                   ("context drafts (ngram-simple,ngram-mod)", False, dict(spec_type="ngram-simple,ngram-mod", **ngram)),
+                   ("mix (default)", True, dict(ngram))] if context else []
+    with contextlib.ExitStack() as stack:
+        dec = stack.enter_context(DFlashDecoder(target, drafter, **kw))
+        ctx_decs = {name: stack.enter_context(DFlashDecoder(target, drafter if with_drafter else None, **kw))
+                    for name, with_drafter, _ in ctx_configs}
         nmax = dec.block_size - 1
+        only = dict(spec_type="draft-dflash")  # the DFlash drafter alone: what these rows measure
         configs = [("target alone", dict(use_drafter=False))]
-        # the drafter's own policy: DFlash drafts alone (context drafts have rows of their own)
-        configs += [(f"fixed k={k}" + (" (full block)" if k == nmax else ""),
-                     dict(adaptive=False, n_draft_max=k, spec_type="draft-dflash")) for k in range(1, nmax + 1)]
-        configs += [("adaptive", dict(adaptive=True, spec_type="draft-dflash"))]
-        dec.generate(messages=[{"role": "user", "content": prompts[0]}], max_tokens=8)  # warm-up + cost model
+        configs += [(f"fixed k={k}" + (" (full block)" if k == nmax else ""), dict(adaptive=False, n_draft_max=k, **only))
+                    for k in range(1, nmax + 1)]
+        configs += [("adaptive", dict(adaptive=True, **only))]
+        dec.generate(messages=[{"role": "user", "content": prompts[0]}], max_tokens=8, **only)  # warm-up + cost model
+        for name, _, extra in ctx_configs:  # a warm-up of no request's text: the pool keeps what it sees
+            ctx_decs[name].generate(messages=[{"role": "user", "content": "Say hello."}], max_tokens=8, **extra)
         # the target alone (A) and the adaptive policy (B) side by side, ABBA / BAAB, then the fixed k
         abba = [configs[0], configs[-1], configs[-1], configs[0]]
         baab = [configs[-1], configs[0], configs[0], configs[-1]]
         # per configuration: decode tokens, decode seconds, committed in cycles, cycles, all tokens, all seconds
-        acc = {name: [0, 0.0, 0, 0, 0, 0.0] for name, _ in configs}
+        names = [name for name, _ in configs] + [name for name, _, _ in ctx_configs]
+        acc = {name: [0, 0.0, 0, 0, 0, 0.0] for name in names}
         # per configuration: k histogram, cycles without the drafter, drafter + injection seconds
-        policy = {name: dict(k_hist=[], drafter_skipped=0, draft_inject_seconds=0.0) for name, _ in configs}
-        departed = {name: 0 for name, _ in configs}
+        policy = {name: dict(k_hist=[], drafter_skipped=0, draft_inject_seconds=0.0) for name in names}
+        sources = {name: {} for name in names}
+        departed = {name: 0 for name in names}
         identical = True
         bar = None
         if progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(prompts) * (len(configs) + 2), desc=f"sweep {dataset}", unit="run", file=sys.stderr)
+            bar = tqdm(total=len(prompts) * (len(configs) + 2 + len(ctx_configs)), desc=f"sweep {dataset}", unit="run", file=sys.stderr)
         for i, q in enumerate(prompts):
             ids = chat_prompt_ids(dec, [{"role": "user", "content": q}])
             if len(ids) + max_new_tokens + dec.block_size + 1 > n_ctx:
                 continue
             sp = dataclasses.replace(base_sp, seed=seed + i)
             tokens = {}
-            for name, extra in (abba + configs[1:-1] if i % 2 == 0 else baab + configs[-2:0:-1]):
-                r = dec.generate(ids, max_tokens=max_new_tokens, sampling=sp, cache_prompt=False, **extra)
+            runs = [(name, dec, extra) for name, extra in
+                    (abba + configs[1:-1] if i % 2 == 0 else baab + configs[-2:0:-1])]
+            ctx_runs = [(name, ctx_decs[name], extra) for name, _, extra in ctx_configs]
+            runs += ctx_runs if i % 2 == 0 else ctx_runs[::-1]
+            for name, d, extra in runs:
+                r = d.generate(ids, max_tokens=max_new_tokens, sampling=sp, cache_prompt=False, **extra)
                 a = acc[name]
                 a[0] += r.stats.n_generated - 1  # decode phase: the first token comes from the prefill
                 a[1] += r.stats.t_total_s - r.stats.t_prefill_s
@@ -283,6 +315,10 @@ def run_sweep(
                     kh[k] += n
                 pol["drafter_skipped"] += r.stats.n_drafter_skipped
                 pol["draft_inject_seconds"] += r.stats.t_draft_s + r.stats.t_inject_s
+                for src, d_src in r.stats.sources.items():
+                    tot = sources[name].setdefault(src, {})
+                    for key, v in d_src.items():
+                        tot[key] = tot.get(key, 0) + v
                 tokens[name] = r.tokens
                 if bar is not None:
                     bar.update(1)
@@ -292,23 +328,29 @@ def run_sweep(
         if bar is not None:
             bar.close()
         cost = dec.cost_model
-    rows = []
-    for name, _ in configs:
+    def row(name: str) -> dict:
         tok, sec, com, cyc, tok_all, sec_all = acc[name]
-        rows.append(dict(name=name, tokens=tok, seconds=sec, tokens_per_second=tok / sec if sec else 0.0,
-                         acceptance_length=com / cyc if cyc else 0.0,
-                         overall_tokens_per_second=tok_all / sec_all if sec_all else 0.0,
-                         departed=departed[name], cycles=cyc, **policy[name]))
+        return dict(name=name, tokens=tok, seconds=sec, tokens_per_second=tok / sec if sec else 0.0,
+                    acceptance_length=com / cyc if cyc else 0.0,
+                    overall_tokens_per_second=tok_all / sec_all if sec_all else 0.0,
+                    departed=departed[name], cycles=cyc, sources=sources[name], **policy[name])
+
+    rows = [row(name) for name, _ in configs]
+    ctx_rows = [row(name) for name, _, _ in ctx_configs]
     alone, alone_all = rows[0]["tokens_per_second"], rows[0]["overall_tokens_per_second"]
-    for r in rows:
+    for r in rows + ctx_rows:
         r["ratio_vs_alone"] = r["tokens_per_second"] / alone if alone else 0.0
         r["overall_ratio_vs_alone"] = r["overall_tokens_per_second"] / alone_all if alone_all else 0.0
     best_fixed = max(r["tokens_per_second"] for r in rows[1:-1])
-    return dict(config=dict(target=str(target), drafter=str(drafter), dataset=dataset, n_prompts=len(prompts),
-                            max_new_tokens=max_new_tokens, temperature=float(temperature), threads=n_threads),
-                cost_model=cost, rows=rows, identical=identical,
-                adaptive_vs_best_fixed=rows[-1]["tokens_per_second"] / best_fixed if best_fixed else 0.0,
-                adaptive_vs_alone=rows[-1]["ratio_vs_alone"])
+    rep = dict(config=dict(target=str(target), drafter=str(drafter), dataset=dataset, n_prompts=len(prompts),
+                           max_new_tokens=max_new_tokens, temperature=float(temperature), threads=n_threads),
+               cost_model=cost, rows=rows, identical=identical,
+               adaptive_vs_best_fixed=rows[-1]["tokens_per_second"] / best_fixed if best_fixed else 0.0,
+               adaptive_vs_alone=rows[-1]["ratio_vs_alone"])
+    if ctx_rows:
+        rep.update(context_rows=ctx_rows, context_vs_alone=ctx_rows[2]["ratio_vs_alone"],
+                   mix_vs_alone=ctx_rows[3]["ratio_vs_alone"])
+    return rep
 
 
 def policy_summary(row: dict) -> str:
@@ -331,13 +373,19 @@ def sweep_markdown(rep: dict) -> str:
     lines = [f"{c['dataset']}, {c['n_prompts']} prompts, {c['max_new_tokens']} new tokens, T = {c['temperature']:g} "
              "(decode phase: tokens after the first / time after the prefill)", "",
              "| configuration | tokens/s | vs target alone | tokens per target pass |", "|---|---|---|---|"]
-    for r in rep["rows"]:
+    for r in rep["rows"] + rep.get("context_rows", []):
         lines.append(f"| {r['name']} | {r['tokens_per_second']:.1f} | {r['ratio_vs_alone']:.3f} | "
                      f"{r['acceptance_length']:.2f} |")
     lines += ["", f"adaptive / target alone = {rep['adaptive_vs_alone']:.3f}; "
-              f"adaptive / best fixed k = {rep['adaptive_vs_best_fixed']:.3f}"]
+              f"adaptive / best fixed k = {rep['adaptive_vs_best_fixed']:.3f}"
+              + (f"; context drafts / target alone = {rep['context_vs_alone']:.3f}; mix (default) / target alone "
+                 f"= {rep['mix_vs_alone']:.3f}" if "context_rows" in rep else "")]
     if summary := policy_summary(rep["rows"][-1]):
         lines.append(f"adaptive: {summary}")
+    for r in rep.get("context_rows", []):
+        per = "; ".join(f"{src} {d.get('accepted', 0)} of {d.get('drafted', 0)} drafts accepted in {d.get('cycles', 0)} "
+                        "cycles" for src, d in sorted(r["sources"].items()) if d.get("drafted"))
+        lines.append(f"{r['name']}: {per or 'no drafts'}")
     if c["temperature"] == 0:
         lines.append(f"T = 0 texts identical across configurations: {rep['identical']}")
     cm = rep.get("cost_model")

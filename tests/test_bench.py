@@ -279,6 +279,20 @@ def test_bench_sweep_cli_and_report_section(native_ext, smollm2_gguf, smollm2_dr
     assert rep["rows"][0]["k_hist"] == [rep["rows"][0]["cycles"]] and rep["rows"][0]["draft_inject_seconds"] == 0
     for k, r in enumerate(rep["rows"][1:-1], start=1):
         assert len(r["k_hist"]) - 1 == k and r["drafter_skipped"] == 0 and r["draft_inject_seconds"] > 0
+    # issue 43: each context source alone and the mix, beside them, on the same requests (T = 0: same tokens)
+    ctx = rep["context_rows"]
+    assert [r["name"] for r in ctx] == ["ngram-simple", "ngram-mod", "context drafts (ngram-simple,ngram-mod)",
+                                        "mix (default)"]
+    for r in ctx:
+        assert r["tokens"] == rep["rows"][0]["tokens"] // 2 and r["departed"] == 0 and sum(r["k_hist"]) == r["cycles"]
+        assert set(r["sources"]) <= {"draft-dflash", "ngram-simple", "ngram-mod"}
+        assert math.isclose(r["ratio_vs_alone"], r["tokens_per_second"] / rep["rows"][0]["tokens_per_second"])
+    used = [{src for src, d in r["sources"].items() if d["drafted"]} for r in ctx]
+    assert used[0] <= {"ngram-simple"} and used[1] <= {"ngram-mod"}
+    assert "draft-dflash" not in used[2] and ctx[2]["draft_inject_seconds"] == 0
+    assert rep["mix_vs_alone"] == ctx[3]["ratio_vs_alone"] and rep["context_vs_alone"] == ctx[2]["ratio_vs_alone"]
+    for r in rep["rows"][1:]:  # the draft-length rows measure the DFlash drafter alone
+        assert {src for src, d in r["sources"].items() if d["drafted"]} <= {"draft-dflash"}
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks import report as br
