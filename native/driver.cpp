@@ -570,9 +570,9 @@ Chunk Engine::step() {
     }
     int k_max = 0;
     const bool drafting = dft_ != nullptr && gp_.use_drafter;  // the drafter's features are kept
-    // with a context shift the cycle stops one cell short, so that the shift comes at the same
-    // position as without drafts (P + 1 == n_ctx) and the text stays the target's
-    // and a verify pass fits one target batch
+    // The most drafts this cycle: a verify pass fits one target batch and the target's rollback
+    // (native: n_rs_seq); with a context shift the cycle stops one cell short, so that the shift
+    // comes at the same position as without drafts (P + 1 == n_ctx) and the text stays the target's.
     const int k_cap = std::max(0, std::min({remaining - 1, n_ctx_tgt_ - (gp_.context_shift ? 2 : 1) - P,
                                             n_batch_tgt_ - 1, mem_->max_drafts()}));
     if (drafting && (gp_.spec_types & kSpecDflash) && n_dft_valid_ + n_pending_ == P && P + block_size_ <= n_ctx_dft_) {
