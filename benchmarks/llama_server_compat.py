@@ -152,6 +152,12 @@ DOCUMENTED: Dict[tuple, str] = {
                                 "settings (llama-server takes them in a request, reports only speculative.types)",
     ("*", "speculative.n_min"): "ours echoes the effective per-request draft settings",
     ("*", "speculative.p_min"): "ours echoes the effective per-request draft settings",
+    ("*", "speculative.adaptive"): "ours: the adaptive draft length (README 'Adaptive draft length')",
+    ("*", "speculative.accept"): "ours: the acceptance rule at T > 0 (README 'Seeds: two acceptance rules')",
+    ("*", "header access-control-allow-origin"): "with no Origin header ours sends no Access-Control-Allow-Origin, "
+                                                 "llama-server an empty one (README 'CORS')",
+    ("cors-get", "data[0].meta.target"): "ours", ("cors-get", "data[0].meta.drafter"): "ours",
+    ("cors-get", "data[0].meta.spec_type"): "ours", ("cors-get", "data[0].meta.n_draft_max"): "ours",
 }
 
 
