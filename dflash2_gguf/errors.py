@@ -46,7 +46,7 @@ class IncompatibleDrafterError(DFlashError, ValueError):
 
 
 class UnsupportedError(DFlashError):
-    """A configuration the driver refuses (e.g. recurrent/hybrid target with a drafter)."""
+    """A configuration the driver refuses (e.g. a context shift on a target with a recurrent state)."""
 
 
 class DecodeError(DFlashError):

@@ -11,7 +11,7 @@ namespace dflash2 {
 enum ErrorCode : int {
     kErrLoad         = 1,  // a GGUF could not be read or loaded
     kErrIncompatible = 2,  // drafter/target pairing mismatch (vocab, hidden, layer ids, width)
-    kErrUnsupported  = 3,  // a configuration this driver refuses (e.g. recurrent target)
+    kErrUnsupported  = 3,  // a configuration this driver refuses (e.g. context shift on a recurrent target)
     kErrDecode       = 4,  // llama_decode / llama_process returned non-zero (rc carried)
     kErrContextFull  = 5,  // prompt + generation does not fit the context
     kErrClosed       = 6,  // the engine was closed
