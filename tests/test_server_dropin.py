@@ -279,3 +279,27 @@ def test_context_shift_live(native_ext, tiny_peaked):
     with LiveServer(ServerSettings(model=str(target), n_ctx=256, n_threads=1)) as srv:
         r = httpx.post(srv.url + "/completion", json=body, timeout=300).json()
         assert len(r["tokens"]) < 256 and r["stop_type"] == "limit"
+
+
+# ---------------------------------------------------------------------------- seed-stable speculation
+
+def test_target_sample_acceptance_live(native_ext, smollm2_gguf):
+    """A request's ``spec_accept: "target-sample"`` (llama-server's acceptance rule) at T = 1 gives,
+    for its seed, the text of a server without a drafter; ``--spec-accept`` sets the default."""
+    from pathlib import Path
+
+    shipped = Path(__file__).resolve().parents[1] / "models" / "smollm2-135m-dflash2.gguf"
+    body = {"messages": CHAT, "max_tokens": 40, "temperature": 1.0, "seed": 11, "top_k": 0, "top_p": 1.0,
+            "min_p": 0.0}
+    with LiveServer(ServerSettings(model=str(smollm2_gguf), n_ctx=512, n_threads=1)) as srv:
+        alone = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=300).json()
+    alone_text = alone["choices"][0]["message"]["content"]
+    s = ServerSettings(model=str(smollm2_gguf), model_draft=str(shipped), n_ctx=512, n_threads=1, adaptive=False)
+    with LiveServer(s) as srv:
+        r = httpx.post(srv.url + "/v1/chat/completions", json={**body, "spec_accept": "target-sample"},
+                       timeout=300).json()
+        assert r["choices"][0]["message"]["content"] == alone_text and r["timings"]["draft_n"] > 0
+        bad = httpx.post(srv.url + "/v1/chat/completions", json={**body, "spec_accept": "maybe"}, timeout=60)
+        assert bad.status_code == 400
+    s2 = _serve_settings(["-m", str(smollm2_gguf), "-md", str(shipped), "--spec-accept", "target-sample"])
+    assert s2.spec_accept == "target-sample"
