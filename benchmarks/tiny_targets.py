@@ -50,63 +50,54 @@ _VOCAB_CONVERT = 49152  # the SmolLM2 tokenizer's size, for the converter; cut t
 _VERSION = 1  # bumped when the recipe changes (part of the cache key)
 
 
-def _qwen35(seed: int) -> Any:
+# Sizes every tiny target shares, and those of the Gated DeltaNet layers (qwen35, qwen3next).
+_COMMON = dict(vocab_size=_VOCAB_CONVERT, hidden_size=HIDDEN, num_hidden_layers=4, tie_word_embeddings=False)
+_ATTENTION = dict(intermediate_size=576, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=4096)
+_DELTANET = dict(head_dim=72, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+                 linear_value_head_dim=32, linear_conv_kernel_dim=4,
+                 layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"])
+
+
+def _qwen35() -> Any:
     from transformers import Qwen3_5TextConfig
 
-    return Qwen3_5TextConfig(
-        vocab_size=_VOCAB_CONVERT, hidden_size=HIDDEN, intermediate_size=576, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=72,
-        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
-        linear_value_head_dim=32, linear_conv_kernel_dim=4,
-        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
-        max_position_embeddings=4096, tie_word_embeddings=False)
+    return Qwen3_5TextConfig(**_COMMON, **_ATTENTION, **_DELTANET)
 
 
-def _qwen3next(seed: int) -> Any:
+def _qwen3next() -> Any:
     from transformers import Qwen3NextConfig
 
-    return Qwen3NextConfig(
-        vocab_size=_VOCAB_CONVERT, hidden_size=HIDDEN, intermediate_size=576, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=72,
-        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
-        linear_value_head_dim=32, linear_conv_kernel_dim=4,
-        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
-        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128,
-        shared_expert_intermediate_size=128, decoder_sparse_step=1, mlp_only_layers=[],
-        max_position_embeddings=4096, tie_word_embeddings=False)
+    # llama.cpp's graph for it wants mixture-of-experts layers: a few experts and a shared one
+    return Qwen3NextConfig(**_COMMON, **_ATTENTION, **_DELTANET, num_experts=4, num_experts_per_tok=2,
+                           moe_intermediate_size=128, shared_expert_intermediate_size=128, decoder_sparse_step=1,
+                           mlp_only_layers=[])
 
 
-def _mamba2(seed: int) -> Any:
+def _mamba2() -> Any:
     from transformers import Mamba2Config
 
-    return Mamba2Config(
-        vocab_size=_VOCAB_CONVERT, hidden_size=HIDDEN, num_hidden_layers=4, state_size=16,
-        expand=2, head_dim=32, num_heads=2 * HIDDEN // 32, n_groups=1, conv_kernel=4,
-        tie_word_embeddings=False)
+    return Mamba2Config(**_COMMON, state_size=16, expand=2, head_dim=32, num_heads=2 * HIDDEN // 32, n_groups=1,
+                        conv_kernel=4)
 
 
-def _gemma3(seed: int) -> Any:
+def _gemma3() -> Any:
     from transformers import Gemma3TextConfig
 
-    return Gemma3TextConfig(
-        vocab_size=_VOCAB_CONVERT, hidden_size=HIDDEN, intermediate_size=576, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=72, sliding_window=8,
-        layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
-        max_position_embeddings=4096, tie_word_embeddings=False)
+    return Gemma3TextConfig(**_COMMON, **_ATTENTION, head_dim=72, sliding_window=8,
+                            layer_types=["sliding_attention", "sliding_attention", "sliding_attention",
+                                         "full_attention"])
 
 
-def _lfm2(seed: int) -> Any:
+def _lfm2() -> Any:
     from transformers import Lfm2Config
 
-    return Lfm2Config(
-        vocab_size=_VOCAB_CONVERT, hidden_size=HIDDEN, intermediate_size=576, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, conv_L_cache=3,
-        layer_types=["conv", "full_attention", "conv", "full_attention"],
-        max_position_embeddings=4096, tie_word_embeddings=False)
+    return Lfm2Config(**_COMMON, **_ATTENTION, conv_L_cache=3,
+                      layer_types=["conv", "full_attention", "conv", "full_attention"])
 
 
 #: name -> (transformers config factory, how libllama rolls it back with a drafter).
-ARCHS: dict[str, tuple[Callable[[int], Any], str]] = {
+ARCHS: dict[str, tuple[Callable[[], Any], str]] = {
     "qwen35": (_qwen35, "native"),
     "qwen3next": (_qwen3next, "checkpoint"),
     "mamba2": (_mamba2, "checkpoint"),
@@ -130,7 +121,7 @@ def _build_hf(arch: str, dest: Path, seed: int, init_std: float) -> None:
 
     from dflash2_gguf import assets
 
-    cfg = ARCHS[arch][0](seed)
+    cfg = ARCHS[arch][0]()
     cfg.initializer_range = init_std
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
