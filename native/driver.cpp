@@ -454,6 +454,7 @@ Chunk Engine::begin(const std::vector<int32_t> & prompt, const GenParams & gp) {
     if (prompt.empty()) throw std::invalid_argument("the prompt is empty");
     if (gp.n_predict < 1) throw std::invalid_argument("n_predict must be >= 1");
     gp.sampling.validate(n_vocab_);
+    gp.ngram.validate();  // before anything changes: a bad value leaves the caches as they were
     for (int32_t t : prompt) {
         if (t < 0 || t >= n_vocab_) throw std::invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary");
     }
@@ -536,7 +537,6 @@ Chunk Engine::begin(const std::vector<int32_t> & prompt, const GenParams & gp) {
     tokens_ = prompt;
     n_prompt_ = n;
     active_ = true;
-    gp_.ngram.validate();
     if (gp_.use_drafter && (gp_.spec_types & kSpecNgramMod)) pool_.add(tokens_, gp_.ngram);
     stats_.rollback = rollback_name(mem_->rollback());
     stats_.n_checkpoints = (int64_t) mem_->checkpoints().size();
