@@ -585,6 +585,25 @@ def test_body_without_json_content_type_and_lenient_fields(tmp_path):
         assert httpx.get(srv.url + "/health", timeout=30).status_code == 200
 
 
+def test_model_field_is_not_an_unknown_field(tmp_path, caplog):
+    """Every OpenAI client sends ``model``: accepted on every generation endpoint without the
+    "ignoring unknown request field" warning (one model per server, as llama-server)."""
+    import logging
+
+    from dflash2_gguf.server.types import ignored_fields
+
+    srv, decs = _fake(tmp_path, alias="fake")
+    with srv, caplog.at_level(logging.WARNING, logger="dflash2_gguf.server"):
+        for path, body in (("/completion", {"prompt": "hi"}), ("/v1/completions", {"prompt": "hi"}),
+                           ("/v1/chat/completions", {"messages": CHAT}), ("/v1/responses", {"input": "hi"}),
+                           ("/v1/messages", {"messages": CHAT, "max_tokens": 4})):
+            r = httpx.post(srv.url + path, json={**body, "model": "some-other-name"}, timeout=30)
+            assert r.status_code == 200, (path, r.text)
+    assert [f for f in ignored_fields() if f[1] == "model"] == []
+    assert "ignoring unknown request field 'model'" not in caplog.text
+    assert len(decs[0].calls) == 5
+
+
 def test_prompt_forms_n_predict_and_response_fields(tmp_path):
     srv, decs = _fake(tmp_path, n_ctx=64)
     with srv:

@@ -155,6 +155,9 @@ class GenerationFields(_table_model()):
     #: The API whose request field names (:attr:`dflash2_gguf.params.Param.request`) apply.
     API: ClassVar[str] = "completion"
 
+    #: The model name every OpenAI client sends. One model per server here: any name is
+    #: accepted and answered by the loaded model (llama-server outside router mode does the same).
+    model: Optional[str] = None
     logit_bias: Union[Dict[str, Union[float, bool]], List[List[Any]], None] = None
     grammar: Optional[str] = None
     json_schema: Union[Dict[str, Any], bool, None] = None
