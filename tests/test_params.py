@@ -335,9 +335,42 @@ def test_llama_arg_variables_and_precedence(gguf):
     assert "LLAMA_ARG_TEMPERATURE environment variable is set, but will be overwritten" in err.getvalue()
     assert (s.presence_penalty, s.n_ctx, s.jinja, s.api_key, s.n_draft_max) == (1.5, 256, False, "k", 3)
     assert (s.endpoint_slots, s.n_slots) == (False, 2)
-    assert any("-b/--batch-size" in ln for ln in lines) and any("-cb/--cont-batching" in ln for ln in lines)
+    assert s.n_batch == 64 and not any("-b/--batch-size" in ln for ln in lines)  # LLAMA_ARG_BATCH is used
+    assert any("-cb/--cont-batching" in ln for ln in lines)
     with pytest.raises(ValueError, match="invalid boolean"):
         llama_args.argv_with_env([], {"LLAMA_ARG_JINJA": "maybe"})
+
+
+def test_batch_sizes_and_cache_ram_reach_the_decoder(gguf, monkeypatch):
+    """``-b``, ``-ub`` and ``--cache-ram`` work as in llama-server: the target's prefill chunk is
+    min(-b, -ub) (defaults 2048 and 512), ``--cache-ram`` is each slot's RAM prompt cache in MiB
+    (-1 no limit, 0 off); no "ignoring" warning; the values are the decoder's keywords."""
+    from dflash2_gguf.server.__main__ import CACHE_RAM_NO_LIMIT_MIB
+
+    s, lines = _settings(["-m", gguf])
+    assert (s.n_batch, s.cache_ram_mib) == (512, 1024)
+    s, lines = _settings(["-m", gguf, "-b", "256", "--ubatch-size", "1024", "--cache-ram", "64"])
+    assert (s.n_batch, s.cache_ram_mib) == (256, 64) and lines == []
+    s, lines = _settings(["-m", gguf, "--batch-size", "4096", "-ub", "128", "-cram", "-1"])
+    assert (s.n_batch, s.cache_ram_mib) == (128, CACHE_RAM_NO_LIMIT_MIB) and lines == []
+    s, _ = _settings(["-m", gguf, "-ub", "32", "-cram", "0"], {"LLAMA_ARG_BATCH": "16"})
+    assert (s.n_batch, s.cache_ram_mib) == (16, 0)
+    for bad, match in ((["-b", "0"], "batch-size"), (["-ub", "-3"], "ubatch-size"), (["--cache-ram", "-2"], "cache-ram")):
+        with pytest.raises(ValueError, match=match):
+            _settings(["-m", gguf, *bad])
+
+    got = {}
+
+    class Recorder:
+        def __init__(self, target, drafter=None, **kw):
+            got.update(kw, target=target, drafter=drafter)
+
+    import dflash2_gguf.api
+
+    monkeypatch.setattr(dflash2_gguf.api, "DFlashDecoder", Recorder)
+    s, _ = _settings(["-m", gguf, "-b", "100", "-ub", "200", "--cache-ram", "48"])
+    s.load_decoder()
+    assert (got["target"], got["n_batch"], got["cache_ram_mib"]) == (gguf, 100, 48)
 
 
 def test_console_script_reads_variables(gguf, monkeypatch, capsys):

@@ -13,7 +13,9 @@ llama.cpp 0c1e570), every spelling of each; a llama-server command line starts t
   ``-kvu/--kv-unified`` (each slot gets the whole ``-c``; here each slot then holds a pool of its
   own), ``--kv-unified-per-slot N`` (a cap per slot; without ``-c``, the pool is ``-np`` x N),
   ``-cd``, ``-t``, ``-td``, ``-ngl``, ``-ngld``, ``-fa``, ``-nr``, ``-v`` (llama.cpp's log and
-  llama-server's ``__verbose`` in responses).
+  llama-server's ``__verbose`` in responses), ``-b`` / ``-ub`` (the target's prefill chunk is
+  min(-b, -ub), llama.cpp's physical batch), ``-cram/--cache-ram N`` (each slot's RAM prompt
+  cache in MiB; -1 no limit, 0 off; default 1024).
 - Request defaults: every generation parameter of :data:`dflash2_gguf.params.PARAMS` that
   ``serve`` has, under llama.cpp's flags: ``--temp``, ``--top-k``, ``--top-p``, ``--min-p``,
   ``-s/--seed`` (-1 = random), ``--repeat-penalty``, ``--repeat-last-n``, ``--presence-penalty``,
@@ -61,9 +63,36 @@ import socket
 import sys
 from typing import Optional, Sequence
 
-__all__ = ["add_arguments", "prepare_argv", "settings_from_args", "run", "main", "bind_sockets"]
+__all__ = ["add_arguments", "prepare_argv", "settings_from_args", "batch_and_cache", "run", "main", "bind_sockets"]
 
 SPEC_TYPES = ("none", "draft-dflash", "ngram-simple", "ngram-mod")
+
+#: llama-server's ``-b`` / ``-ub`` defaults (common/common.h at llama.cpp 0c1e570).
+N_BATCH, N_UBATCH = 2048, 512
+#: ``--cache-ram`` when not given: :class:`~dflash2_gguf.api.DFlashDecoder`'s default, per slot
+#: (llama-server's is 8192 MiB for its one cache shared by the slots).
+CACHE_RAM_MIB = 1024
+#: ``--cache-ram -1`` (no limit): a budget no machine reaches (1 PiB).
+CACHE_RAM_NO_LIMIT_MIB = 1 << 30
+
+
+def batch_and_cache(args: argparse.Namespace) -> dict:
+    """``-b``, ``-ub`` and ``--cache-ram`` as :class:`~dflash2_gguf.api.DFlashDecoder` keywords:
+    ``n_batch`` = min(-b, -ub) (the driver's target batch is llama.cpp's physical one, the rows
+    of one compute graph; llama.cpp clamps ``n_ubatch`` to ``n_batch`` the same way) and
+    ``cache_ram_mib`` (-1 = no limit, 0 = off).
+
+    Raises:
+        ValueError: ``-b`` or ``-ub`` below 1, ``--cache-ram`` below -1.
+    """
+    b = N_BATCH if args.batch_size is None else args.batch_size
+    ub = N_UBATCH if args.ubatch_size is None else args.ubatch_size
+    if b < 1 or ub < 1:
+        raise ValueError(f"-b/--batch-size and -ub/--ubatch-size must be >= 1 (got {b} and {ub})")
+    ram = CACHE_RAM_MIB if args.cache_ram is None else args.cache_ram
+    if ram < -1:
+        raise ValueError(f"--cache-ram must be >= -1 (-1: no limit, 0: off), got {ram}")
+    return {"n_batch": min(b, ub), "cache_ram_mib": CACHE_RAM_NO_LIMIT_MIB if ram == -1 else ram}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -78,6 +107,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p, drafter_required=False)
     p.set_defaults(ctx_size=None)  # serve: the training context capped by memory (server/context.py)
     add_sampling_args(p, "serve")
+    p.add_argument(*spellings("-b"), dest="batch_size", type=int, default=None, metavar="N",
+                   help="logical maximum batch size (llama-server's default 2048; the target's prefill chunk is "
+                        "min(-b, -ub))")
+    p.add_argument(*spellings("-ub"), dest="ubatch_size", type=int, default=None, metavar="N",
+                   help="physical maximum batch size (llama-server's default 512)")
+    p.add_argument(*spellings("-cram"), dest="cache_ram", type=int, default=None, metavar="N",
+                   help=f"RAM prompt cache of each slot in MiB (-1: no limit, 0: off; default {CACHE_RAM_MIB})")
     p.add_argument(*spellings("-np"), dest="parallel", type=int, default=-1,
                    help="slots (each loads its own decoder; -1 = auto = 1)")
     p.add_argument(*spellings("-kvu"), dest="kv_unified", action="store_true", default=False,
@@ -248,6 +284,7 @@ def settings_from_args(args: argparse.Namespace, *, warn=None):
     if args.static_path is not None and not os.path.isdir(args.static_path):
         raise FileNotFoundError(f"--path: no such folder: {args.static_path} (static assets path not found)")
     kw = decoder_kwargs(args)
+    kw.update(batch_and_cache(args))
     info = read_model_info(args.model)
     if args.ctx_size is None and args.kv_unified_per_slot > 0:  # llama-server: the pool is -np x N
         pool = n_slots * args.kv_unified_per_slot

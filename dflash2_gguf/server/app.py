@@ -121,8 +121,10 @@ class ServerSettings:
         model: Target GGUF (``-m``).
         model_draft: Drafter GGUF (``-md``); None serves the target alone.
         n_ctx / n_ctx_draft / n_threads / n_threads_draft / n_gpu_layers / n_gpu_layers_draft /
-            flash_attn / repack / capture: :class:`~dflash2_gguf.api.DFlashDecoder` keywords
-            (``n_ctx`` per slot; ``serve`` resolves it with :mod:`.context`).
+            n_batch / flash_attn / repack / capture / cache_ram_mib:
+            :class:`~dflash2_gguf.api.DFlashDecoder` keywords (``n_ctx`` per slot; ``serve``
+            resolves it with :mod:`.context`; ``n_batch`` is min(-b, -ub), ``cache_ram_mib``
+            ``--cache-ram``, each slot's).
         verbose: ``-v``: llama.cpp's log, and llama-server's ``__verbose`` in responses.
         n_slots: ``--parallel``: slots (each loads its own decoder, see :mod:`.worker`).
         chat_template_kwargs: ``--chat-template-kwargs``: template variables of every chat
@@ -164,9 +166,11 @@ class ServerSettings:
     n_threads_draft: Optional[int] = None
     n_gpu_layers: int = 0
     n_gpu_layers_draft: Optional[int] = None
+    n_batch: int = 512
     flash_attn: Optional[bool] = None
     repack: bool = True
     capture: str = "auto"
+    cache_ram_mib: int = 1024
     verbose: bool = False
     n_slots: int = 1
     api_key: Optional[str] = None
@@ -225,7 +229,8 @@ class ServerSettings:
             self.model, self.model_draft, n_ctx=self.n_ctx, n_ctx_draft=self.n_ctx_draft,
             n_threads=self.n_threads, n_threads_draft=self.n_threads_draft,
             n_gpu_layers=self.n_gpu_layers, n_gpu_layers_draft=self.n_gpu_layers_draft,
-            flash_attn=self.flash_attn, repack=self.repack, capture=self.capture, verbose=self.verbose,
+            n_batch=self.n_batch, flash_attn=self.flash_attn, repack=self.repack, capture=self.capture,
+            cache_ram_mib=self.cache_ram_mib, verbose=self.verbose,
         )
 
 

@@ -12,7 +12,7 @@ declares all the others, so that a llama-server command line parses whole. After
   does not have, a LoRA adapter, RoPE scaling, a model download, ...) is an error that names
   it and says why (a neutral value, e.g. ``--mirostat 0``, is accepted);
 - an option llama.cpp has removed is an error with llama.cpp's own message;
-- any other one has no meaning here (web UI, multimodal, RPC, thread placement, batch sizes,
+- any other one has no meaning here (web UI, multimodal, RPC, thread placement,
   logging, ...): one warning line names it and it is ignored.
 
 Variables (:func:`argv_with_env`): for each option with a variable that is set and none of
@@ -95,7 +95,6 @@ REASONS: Dict[str, str] = {
     "--tools": "no built-in tools here",
     "--mcp-": "no MCP here", "-ag": "no agent tools here",
     "--rpc": "no RPC backends here", "--log-": "logging is Python's (--log-level)", "-lv": "logging is Python's",
-    "-b": "the driver sizes its own batches", "-ub": "the driver sizes its own batches",
     "-ctk": "the KV cache is F16", "-ctv": "the KV cache is F16",
     "--spec-draft-type-": "the drafter's KV cache is F16",
     "--models-": "no router mode here: one model per server",
