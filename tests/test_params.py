@@ -19,6 +19,7 @@ from dflash2_gguf import params as P
 pytest.importorskip("fastapi")
 
 from dflash2_gguf.server import llama_args  # noqa: E402
+from fakes import FakeDecoder  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -135,7 +136,7 @@ def test_serve_defaults_reach_requests_and_props(tmp_path):
 
     from dflash2_gguf.server.app import ServerSettings, create_app
 
-    dec = _Fake()
+    dec = FakeDecoder()
     s = ServerSettings(model=str(tmp_path / "none.gguf"), presence_penalty=1.5, logit_bias={3: -1.0}, max_tokens=5)
     with TestClient(create_app(s, load=lambda: dec)) as c:
         assert c.post("/completion", json={"prompt": "hi"}).status_code == 200
@@ -147,35 +148,6 @@ def test_serve_defaults_reach_requests_and_props(tmp_path):
         assert dec.calls[-1]["sampling"].logit_bias == {3: -1.0, 4: 2.0}
         dp = c.get("/props").json()["default_generation_settings"]["params"]
         assert (dp["presence_penalty"], dp["n_predict"], dp["speculative.adaptive"]) == (1.5, 5, True)
-
-
-class _Fake:
-    """A decoder that records each generate's keywords (tokens = characters)."""
-
-    n_vocab = 100
-
-    def __init__(self) -> None:
-        self.calls = []
-
-    def tokenize(self, text, add_special=True, parse_special=False):
-        return ([1] if add_special else []) + [ord(c) % 100 for c in text]
-
-    def detokenize(self, tokens, special=False):
-        return "".join(chr(t) for t in tokens)
-
-    def apply_chat_template(self, messages, add_generation_prompt=True, **kw):
-        return "".join(m["content"] for m in messages)
-
-    def generate(self, stream=True, **kw):
-        from dflash2_gguf.api import GenerationStats, StreamChunk
-
-        self.calls.append(kw)
-        st = GenerationStats(len(kw["prompt"]), 1, 1, 0, 0, 1.0, [], [], [], 0.0, 0.0, 0.0, 0.0, 0.0,
-                             0.01, 100.0, 100.0, "length")
-        yield StreamChunk("a", [1], [False], True, st)
-
-    def close(self):
-        pass
 
 
 # ---------------------------------------------------------------------------- a new entry reaches everything
@@ -194,7 +166,7 @@ _THROWAWAY = textwrap.dedent('''
     from dflash2_gguf.server.__main__ import settings_from_args
     from dflash2_gguf.server.app import create_app
     sys.path.insert(0, {tests!r})
-    from test_params import _Fake
+    from fakes import FakeDecoder
     out = {{"default": SamplingParams().zeta_p}}
     bp = build_parser()
     out["generate"] = sampling_from_args(bp.parse_args(["generate", "-m", "t", "-md", "none", "-p", "x",
@@ -202,7 +174,7 @@ _THROWAWAY = textwrap.dedent('''
     out["bench"] = bp.parse_args(["bench", "-m", "t", "-md", "d", "--dataset", "gsm8k", "--zeta-p", "0.6"]).zeta_p
     s = settings_from_args(bp.parse_args(["serve", "-m", {gguf!r}, "--zeta-p", "0.7"]), warn=print)
     out["serve"] = s.zeta_p
-    dec = _Fake()
+    dec = FakeDecoder()
     with TestClient(create_app(s, load=lambda: dec)) as c:
         out["props"] = c.get("/props").json()["default_generation_settings"]["params"]["zeta_p"]
         msgs = [{{"role": "user", "content": "hi"}}]

@@ -27,6 +27,7 @@ openai = pytest.importorskip("openai")
 import uvicorn  # noqa: E402
 
 from dflash2_gguf.server.app import ServerSettings, create_app  # noqa: E402
+from fakes import FakeDecoder  # noqa: E402
 
 N_CTX = 512
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time,", "1, 2, 3, 4,"]
@@ -317,43 +318,6 @@ def test_api_key(smollm2_gguf, native_ext):
 
 # ---------------------------------------------------------------------------- worker health (no model)
 
-class _FakeDecoder:
-    """Stands in for DFlashDecoder: ``mode`` "ok" yields two chunks ("a", "b"), "die" kills the
-    worker. Tokens are characters (id = code point % 100); every generate's keywords are kept in
-    ``calls``."""
-
-    n_vocab = 100
-
-    def __init__(self, mode: str = "ok", delay: float = 0.0) -> None:
-        self.mode, self.delay = mode, delay
-        self.calls = []
-
-    def tokenize(self, text, add_special=True, parse_special=False):
-        return ([1] if add_special else []) + [ord(c) % 100 for c in text]
-
-    def detokenize(self, tokens, special=False):
-        return "".join(chr(t) for t in tokens)
-
-    def apply_chat_template(self, messages, add_generation_prompt=True, **kw):
-        text = "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages)
-        return text + ("<assistant>" if add_generation_prompt else "")
-
-    def generate(self, stream=True, **kw):
-        from dflash2_gguf.api import GenerationStats, StreamChunk
-
-        self.calls.append(kw)
-        if self.mode == "die":
-            raise SystemExit("worker thread killed")  # not an Exception: ends the worker thread
-        st = GenerationStats(len(kw.get("prompt") or [1]), 2, 1, 0, 0, 1.0, [], [], [], 0.0, 0.0, 0.0, 0.0, 0.0,
-                             0.01, 200.0, 100.0, "length")
-        yield StreamChunk("a", [1], [False], False)
-        time.sleep(self.delay)
-        yield StreamChunk("b", [2], [False], True, st)
-
-    def close(self):
-        pass
-
-
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_health_reflects_loading_failure_and_dead_worker(tmp_path):
     s = ServerSettings(model=str(tmp_path / "none.gguf"))
@@ -374,7 +338,7 @@ def test_health_reflects_loading_failure_and_dead_worker(tmp_path):
         e = _err(httpx.get(srv.url + "/health", timeout=30), 503)
         assert "boom" in e["message"]
 
-    with LiveServer(s, load=lambda: _FakeDecoder("die")) as srv:
+    with LiveServer(s, load=lambda: FakeDecoder("die")) as srv:
         t0 = time.monotonic()
         r = httpx.post(srv.url + "/v1/completions", json={"prompt": "x"}, timeout=30)
         assert time.monotonic() - t0 < 15  # the handler noticed the dead worker, no hang
@@ -384,7 +348,7 @@ def test_health_reflects_loading_failure_and_dead_worker(tmp_path):
 
 def test_fake_decoder_roundtrip_and_queue(tmp_path):
     s = ServerSettings(model=str(tmp_path / "none.gguf"), alias="fake")
-    with LiveServer(s, load=lambda: _FakeDecoder("ok", delay=0.05)) as srv:
+    with LiveServer(s, load=lambda: FakeDecoder("ok", delay=0.05)) as srv:
         with ThreadPoolExecutor(8) as ex:
             rs = list(ex.map(lambda _: httpx.post(srv.url + "/v1/chat/completions",
                                                   json={"messages": CHAT}, timeout=60), range(8)))
@@ -397,7 +361,7 @@ def test_fake_decoder_roundtrip_and_queue(tmp_path):
 
 def test_queue_full_gets_503_and_all_others_complete(tmp_path):
     s = ServerSettings(model=str(tmp_path / "none.gguf"), max_queue=1)
-    with LiveServer(s, load=lambda: _FakeDecoder("ok", delay=0.5)) as srv:
+    with LiveServer(s, load=lambda: FakeDecoder("ok", delay=0.5)) as srv:
         with ThreadPoolExecutor(6) as ex:
             rs = list(ex.map(lambda _: httpx.post(srv.url + "/v1/completions", json={"prompt": "x"}, timeout=60),
                              range(6)))
@@ -450,7 +414,7 @@ def _fake(tmp_path, **kw):
     delay = kw.pop("_delay", 0.0)
 
     def load():
-        d = _FakeDecoder("ok", delay=delay)
+        d = FakeDecoder("ok", delay=delay)
         decs.append(d)
         return d
 
