@@ -14,11 +14,11 @@ __version__ = "0.1.0"
 
 # public name -> submodule that defines it
 _LAZY = {
-    "DFlashDecoder": "api",
-    "GenerationResult": "api",
-    "GenerationStats": "api",
-    "StreamChunk": "api",
-    "SamplingParams": "sampling",
+    "DFlashDecoder": "decoder.api",
+    "GenerationResult": "decoder.api",
+    "GenerationStats": "decoder.api",
+    "StreamChunk": "decoder.api",
+    "SamplingParams": "decoder.sampling",
     "DFlashError": "errors",
     "IncompatibleDrafterError": "errors",
     "UnsupportedError": "errors",

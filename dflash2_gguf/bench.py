@@ -67,7 +67,7 @@ def add_bench_args(p) -> None:
                         "(mbpp: shipped in the package; $DFLASH2_GGUF_MBPP reads another copy)")
     p.add_argument("--n-prompts", type=int, default=10, help="prompts picked with random.Random(42).shuffle")
     # sampling (default: temperature only, T = 0 checks token equality; the seed is the base seed,
-    # request i uses seed + i), -n / --max-new-tokens and the draft settings: dflash2_gguf/params.py
+    # request i uses seed + i), -n / --max-new-tokens and the draft settings: dflash2_gguf/decoder/params.py
     add_sampling_args(p, "bench")
     p.add_argument("--out", default="bench-out", help="folder for bench.json, bench.md and the PNG plot")
     p.add_argument("--no-warmup", action="store_true", help="skip the warmup generations")
@@ -99,7 +99,7 @@ def run_from_args(args) -> int:
         raise ValueError("bench needs a drafter (-md DRAFT.gguf)")
     if args.n_prompts < 1:
         raise ValueError("--n-prompts must be >= 1")
-    from .params import sampling_from_values, select, values_from_args
+    from .decoder.params import sampling_from_values, select, values_from_args
 
     vals = values_from_args(args, "bench")
     sp = sampling_from_values(vals)  # ValueError names a bad value

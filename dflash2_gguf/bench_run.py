@@ -36,7 +36,7 @@ class ComparisonFailed(RuntimeError):
 def _base_sampling(sampling, temperature: float, seed: int):
     """The base :class:`SamplingParams` of a run: ``sampling`` (its seed None -> ``seed``), else
     temperature-only sampling (top-k / top-p / min-p off) at ``temperature``."""
-    from .sampling import SamplingParams
+    from .decoder.sampling import SamplingParams
 
     if sampling is None:
         return SamplingParams(temperature=float(temperature), top_k=0, top_p=1.0, min_p=0.0, seed=int(seed))
@@ -85,7 +85,7 @@ def run_bench(
         n_draft_max: Drafts verified per pass (default: block size - 1).
         n_threads: CPU threads (default: all).
         n_ctx: Context size of target and drafter.
-        decoder_kwargs: More :class:`~dflash2_gguf.api.DFlashDecoder` keywords.
+        decoder_kwargs: More :class:`~dflash2_gguf.decoder.api.DFlashDecoder` keywords.
         warmup: Run one short generation of each configuration first.
         upstream: Also run upstream's ``llama-speculative-simple`` / ``llama-completion``
             (:mod:`.bench_compare`; the binaries must be built, see there).
@@ -93,10 +93,10 @@ def run_bench(
         progress: tqdm bar on stderr.
         adaptive: The drafter runs with the adaptive draft length (``generate(adaptive=...)``;
             False: always ``n_draft_max`` drafts). The cost model in use goes into the report.
-        sampling: A :class:`~dflash2_gguf.sampling.SamplingParams` to sample with instead of
+        sampling: A :class:`~dflash2_gguf.decoder.sampling.SamplingParams` to sample with instead of
             ``temperature`` alone (``bench``'s sampling flags); its seed (None: ``seed``) is the
             base seed, request ``i`` uses base + i.
-        generate_kwargs: More :meth:`~dflash2_gguf.api.DFlashDecoder.generate` keywords for both
+        generate_kwargs: More :meth:`~dflash2_gguf.decoder.api.DFlashDecoder.generate` keywords for both
             runs (``p_min``, ``n_draft_min``, ``ignore_eos``: ``bench``'s draft and limit flags).
 
     Raises:
@@ -104,8 +104,8 @@ def run_bench(
         ComparisonFailed: a requested comparison failed while running; the files of ``out`` are
             written first and the report is the exception's ``report``.
     """
-    from .api import DFlashDecoder
-    from .sampling import SamplingParams
+    from .decoder.api import DFlashDecoder
+    from .decoder.sampling import SamplingParams
 
     bins = check_side_by_side(upstream=upstream, prompt_lookup=prompt_lookup)
     prompts = load_prompts(dataset, n_prompts)
@@ -247,7 +247,7 @@ def run_sweep(
         ngram-simple, ngram-mod, context drafts, mix (default), and ``"mix_vs_alone"`` /
         ``"context_vs_alone"``.
     """
-    from .api import DFlashDecoder
+    from .decoder.api import DFlashDecoder
 
     base_sp = _base_sampling(sampling, temperature, seed)
     temperature, seed = base_sp.temperature, base_sp.seed

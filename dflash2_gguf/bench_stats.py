@@ -59,7 +59,7 @@ class RequestResult:
 
 
 def run_dict(res, with_spec: bool) -> dict:
-    """One run's figures from a :class:`~dflash2_gguf.api.GenerationResult`: counts, times and
+    """One run's figures from a :class:`~dflash2_gguf.decoder.api.GenerationResult`: counts, times and
     tokens/s; the text for the target-alone run, the drafter's counters and per-pass commits for
     the run with the drafter (the ``base`` / ``spec`` dicts of :class:`RequestResult`)."""
     st = res.stats

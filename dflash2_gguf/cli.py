@@ -30,13 +30,13 @@ __all__ = ["main", "SUBCOMMANDS", "build_parser", "add_model_args", "add_samplin
 def _generate_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     p.add_argument("-p", "--prompt", required=True, help="prompt text (the user message with --chat)")
-    add_sampling_args(p, "generate")  # sampling, limits, draft settings: dflash2_gguf/params.py
+    add_sampling_args(p, "generate")  # sampling, limits, draft settings: dflash2_gguf/decoder/params.py
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the GGUF's chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
 
 
 def _generate_run(args: argparse.Namespace) -> int:
-    from .params import sampling_from_values, select, values_from_args
+    from .decoder.params import sampling_from_values, select, values_from_args
 
     if args.max_tokens < 1:
         raise SystemExit("error: -n must be >= 1")

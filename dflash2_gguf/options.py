@@ -6,9 +6,9 @@ A leaf module: it imports nothing of this package at import time, and only :mod:
 import it without importing one another (``cli`` dispatches to them; nothing imports ``cli``).
 
 - :func:`add_model_args` / :func:`decoder_kwargs` / :func:`open_decoder`: model and context
-  flags in llama.cpp's spellings -> :class:`~dflash2_gguf.api.DFlashDecoder` keywords;
+  flags in llama.cpp's spellings -> :class:`~dflash2_gguf.decoder.api.DFlashDecoder` keywords;
 - :func:`add_sampling_args` / :func:`sampling_from_args` / :func:`parse_logit_bias`: the flags
-  of the generation parameters (:mod:`dflash2_gguf.params`, the one table of them);
+  of the generation parameters (:mod:`dflash2_gguf.decoder.params`, the one table of them);
 - :data:`FLASH_ATTN`: the ``-fa`` words (the parser, the decoder keywords and bench's report).
 """
 
@@ -73,28 +73,28 @@ def add_model_args(p: argparse.ArgumentParser, *, drafter_required: bool = True)
 
 def add_sampling_args(p: argparse.ArgumentParser, command: str = "generate", **kw) -> None:
     """The flags of every generation parameter that ``command`` has, from the table
-    (:func:`dflash2_gguf.params.add_arguments`: llama.cpp's spellings, dest = the parameter's
+    (:func:`dflash2_gguf.decoder.params.add_arguments`: llama.cpp's spellings, dest = the parameter's
     name, e.g. ``--temp`` -> ``args.temperature``)."""
-    from .params import add_arguments
+    from .decoder.params import add_arguments
 
     add_arguments(p, command, **kw)
 
 
 def parse_logit_bias(items) -> dict:
     """llama.cpp's ``-l TOKEN_ID(+/-)BIAS`` strings -> ``{token id: bias}`` (``-inf`` bans);
-    see :func:`dflash2_gguf.params.parse_logit_bias`."""
-    from .params import parse_logit_bias as parse
+    see :func:`dflash2_gguf.decoder.params.parse_logit_bias`."""
+    from .decoder.params import parse_logit_bias as parse
 
     return parse(items)
 
 
 def sampling_from_args(args: argparse.Namespace, command: str = "generate"):
-    """The :class:`~dflash2_gguf.sampling.SamplingParams` of :func:`add_sampling_args` flags.
+    """The :class:`~dflash2_gguf.decoder.sampling.SamplingParams` of :func:`add_sampling_args` flags.
 
     Raises:
         SystemExit: an unreadable grammar / schema file, a bad logit bias, schema or value.
     """
-    from .params import sampling_from_values, values_from_args
+    from .decoder.params import sampling_from_values, values_from_args
 
     try:
         return sampling_from_values(values_from_args(args, command))
@@ -103,7 +103,7 @@ def sampling_from_args(args: argparse.Namespace, command: str = "generate"):
 
 
 def decoder_kwargs(args: argparse.Namespace) -> dict:
-    """:class:`~dflash2_gguf.api.DFlashDecoder` keywords from :func:`add_model_args` flags (all
+    """:class:`~dflash2_gguf.decoder.api.DFlashDecoder` keywords from :func:`add_model_args` flags (all
     but the two paths)."""
     return dict(n_ctx=args.ctx_size, n_ctx_draft=args.ctx_size_draft, n_threads=args.threads,
                 n_threads_draft=args.threads_draft, n_gpu_layers=args.n_gpu_layers,
@@ -113,8 +113,8 @@ def decoder_kwargs(args: argparse.Namespace) -> dict:
 
 
 def open_decoder(args: argparse.Namespace):
-    """Build a :class:`~dflash2_gguf.api.DFlashDecoder` from :func:`add_model_args` flags."""
-    from .api import DFlashDecoder
+    """Build a :class:`~dflash2_gguf.decoder.api.DFlashDecoder` from :func:`add_model_args` flags."""
+    from .decoder.api import DFlashDecoder
 
     md = args.model_draft
     drafter = None if md is None or str(md).lower() == "none" else md

@@ -33,7 +33,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--datasets", default="gsm8k", help="comma-separated prompt sets (bench's --dataset names)")
     a = p.parse_args()
-    from dflash2_gguf.api import DFlashDecoder
+    from dflash2_gguf.decoder.api import DFlashDecoder
     from dflash2_gguf.prompt_sets import load_prompts
 
     target = a.target

@@ -1,4 +1,4 @@
-"""A stand-in for :class:`dflash2_gguf.api.DFlashDecoder` that the server and parameter tests
+"""A stand-in for :class:`dflash2_gguf.decoder.api.DFlashDecoder` that the server and parameter tests
 share: no model, no native extension; every ``generate`` call's keywords are recorded."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class FakeDecoder:
         return text + ("<assistant>" if add_generation_prompt else "")
 
     def generate(self, stream=True, **kw):
-        from dflash2_gguf.api import GenerationStats, StreamChunk
+        from dflash2_gguf.decoder.api import GenerationStats, StreamChunk
 
         self.calls.append(kw)
         if self.mode == "die":

@@ -28,7 +28,7 @@ SHIPPED = Path(__file__).resolve().parents[1] / "models" / "smollm2-135m-dflash2
 
 
 def _copy_prompt():
-    code = (Path(__file__).resolve().parents[1] / "dflash2_gguf" / "detok.py").read_text()[:1800]
+    code = (Path(__file__).resolve().parents[1] / "dflash2_gguf" / "decoder" / "detok.py").read_text()[:1800]
     return [{"role": "user", "content": "Here is a Python file:\n```python\n" + code +
              "\n```\nRepeat the whole file exactly, changing nothing."}]
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from dflash2_gguf.detok import StreamingDetokenizer
+from dflash2_gguf.decoder.detok import StreamingDetokenizer
 
 TEXT = "Grüße aus Köln! 東京の天気は晴れです。🙂 Ça va? Ελληνικά — наука. " * 30
 

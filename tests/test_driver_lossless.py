@@ -5,7 +5,7 @@ with our converter. For a fixed prompt the driver generates 3 tokens with N diff
 token 1 comes from the prefill, tokens 2 and 3 from the first draft/verify cycles (accepted
 drafts, residual draws or bonus draws). Their empirical marginals are compared by a chi-square
 test with the EXACT marginals of the target alone, enumerated from libllama's target logits and
-the processed distribution of ``dflash2_gguf.sampling.processed_probs`` (the numpy twin of the
+the processed distribution of ``dflash2_gguf.decoder.sampling.processed_probs`` (the numpy twin of the
 driver's: this also checks that both agree).
 
 Negative control: the same test with the deliberately wrong acceptance rule ``u < p`` (instead
@@ -48,7 +48,7 @@ def _allowed_mask(V, n_emitted):
 
 
 def _probs(eng, ctx, sp, grammar, prompt=PROMPT):
-    from dflash2_gguf.sampling import processed_probs
+    from dflash2_gguf.decoder.sampling import processed_probs
 
     history = ctx if sp.penalize_prompt else ctx[len(prompt):]
     logits = np.array(eng.target_logits(ctx)[len(ctx) - 1], dtype=np.float32)

@@ -18,7 +18,7 @@ PKG = Path(__file__).resolve().parents[1] / "dflash2_gguf"
 #: The modules of the command layer, each imported first in its own interpreter.
 MODULES = ["dflash2_gguf.cli", "dflash2_gguf.bench", "dflash2_gguf.bench_run", "dflash2_gguf.bench_compare",
            "dflash2_gguf.bench_report", "dflash2_gguf.bench_stats", "dflash2_gguf.server.__main__",
-           "dflash2_gguf.options", "dflash2_gguf.params", "dflash2_gguf.prompt_sets", "dflash2_gguf.train.cli"]
+           "dflash2_gguf.options", "dflash2_gguf.decoder.params", "dflash2_gguf.prompt_sets", "dflash2_gguf.train.cli"]
 
 
 def _python(code: str) -> dict:
@@ -52,7 +52,8 @@ def test_leaves_and_subcommands_do_not_import_cli():
         "print(json.dumps(dict(leaf=leaf, after=sorted(m for m in sys.modules if m.startswith(('dflash2_gguf', "
         "'llama_cpp', 'benchmarks'))))))")
     assert set(got["leaf"]) <= {"dflash2_gguf", "dflash2_gguf.options", "dflash2_gguf.prompt_sets",
-                                "dflash2_gguf.params", "dflash2_gguf.sampling", "dflash2_gguf.grammar"}, got["leaf"]
+                                "dflash2_gguf.decoder", "dflash2_gguf.decoder.params", "dflash2_gguf.decoder.sampling",
+                                "dflash2_gguf.grammar"}, got["leaf"]
     after = set(got["after"])
     assert "dflash2_gguf.cli" not in after, after
     assert not {m for m in after if m.startswith(("llama_cpp", "benchmarks", "dflash2_gguf._native"))}, after

@@ -1,4 +1,4 @@
-"""The one table of generation parameters (dflash2_gguf/params.py) and llama-server's command line
+"""The one table of generation parameters (dflash2_gguf/decoder/params.py) and llama-server's command line
 (issue 44 items 1 and 2): every derived place follows the table; ``serve`` parses every option of
 the pinned llama-server and reads its ``LLAMA_ARG_*`` variables (command line first)."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash2_gguf import params as P
+from dflash2_gguf.decoder import params as P
 
 pytest.importorskip("fastapi")
 
@@ -70,7 +70,7 @@ def test_table_matches_llama_cpp_spellings_and_variables():
 
 
 def test_sampling_params_and_native_fields_come_from_the_table():
-    from dflash2_gguf.sampling import SamplingParams
+    from dflash2_gguf.decoder.sampling import SamplingParams
 
     assert [f.name for f in dataclasses.fields(SamplingParams)] == [p.name for p in P.select(group="sampling")]
     assert SamplingParams().presence_penalty == P.by_name("presence_penalty").default == 0.0
@@ -155,14 +155,14 @@ def test_serve_defaults_reach_requests_and_props(tmp_path):
 _THROWAWAY = textwrap.dedent('''
     import json, sys
     sys.path.insert(0, {root!r})
-    from dflash2_gguf import params as P
+    from dflash2_gguf.decoder import params as P
     P.PARAMS.append(P.Param("zeta_p", float, 0.25, "a throwaway sampling parameter", "sampling",
                             flags=("--zeta-p",), request=P._api("zeta_p"), native="SamplingOptions.zeta_p",
                             props="zeta_p", bounds=dict(ge=0.0, le=1.0)))
     from fastapi.testclient import TestClient
     from dflash2_gguf.cli import build_parser
     from dflash2_gguf.options import sampling_from_args
-    from dflash2_gguf.sampling import SamplingParams
+    from dflash2_gguf.decoder.sampling import SamplingParams
     from dflash2_gguf.server.__main__ import settings_from_args
     from dflash2_gguf.server.app import create_app
     sys.path.insert(0, {tests!r})
@@ -337,9 +337,9 @@ def test_batch_sizes_and_cache_ram_reach_the_decoder(gguf, monkeypatch):
         def __init__(self, target, drafter=None, **kw):
             got.update(kw, target=target, drafter=drafter)
 
-    import dflash2_gguf.api
+    import dflash2_gguf.decoder.api
 
-    monkeypatch.setattr(dflash2_gguf.api, "DFlashDecoder", Recorder)
+    monkeypatch.setattr(dflash2_gguf.decoder.api, "DFlashDecoder", Recorder)
     s, _ = _settings(["-m", gguf, "-b", "100", "-ub", "200", "--cache-ram", "48"])
     s.load_decoder()
     assert (got["target"], got["n_batch"], got["cache_ram_mib"]) == (gguf, 100, 48)

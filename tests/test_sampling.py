@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dflash2_gguf.sampling import SamplingParams, processed_probs, rejection_step, residual
+from dflash2_gguf.decoder.sampling import SamplingParams, processed_probs, rejection_step, residual
 
 
 def _sp(**kw):

@@ -73,7 +73,7 @@ class ScriptDecoder:
         return text
 
     def generate(self, stream=True, **kw):
-        from dflash2_gguf.api import GenerationStats, StreamChunk
+        from dflash2_gguf.decoder.api import GenerationStats, StreamChunk
 
         self.calls.append(kw)
         pieces = list(self.script)

@@ -56,7 +56,7 @@ def test_pairs_with_the_default_target(smollm2_gguf):
 def test_acceptance_on_gsm8k_test_prompts(native_ext, smollm2_gguf):
     """3 GSM8K test prompts x 64 new tokens at T=0: acceptance length (bonus included, pooled)
     at least 1.8, where the untrained drafter of the same shape gets 1.0."""
-    from dflash2_gguf.api import DFlashDecoder
+    from dflash2_gguf.decoder.api import DFlashDecoder
     from dflash2_gguf.bench import load_prompts
 
     committed = passes = 0

@@ -16,7 +16,7 @@ llama.cpp 0c1e570), every spelling of each; a llama-server command line starts t
   llama-server's ``__verbose`` in responses), ``-b`` / ``-ub`` (the target's prefill chunk is
   min(-b, -ub), llama.cpp's physical batch), ``-cram/--cache-ram N`` (each slot's RAM prompt
   cache in MiB; -1 no limit, 0 off; default 1024).
-- Request defaults: every generation parameter of :data:`dflash2_gguf.params.PARAMS` that
+- Request defaults: every generation parameter of :data:`dflash2_gguf.decoder.params.PARAMS` that
   ``serve`` has, under llama.cpp's flags: ``--temp``, ``--top-k``, ``--top-p``, ``--min-p``,
   ``-s/--seed`` (-1 = random), ``--repeat-penalty``, ``--repeat-last-n``, ``--presence-penalty``,
   ``--frequency-penalty``, ``-l/--logit-bias``, ``--grammar`` / ``--grammar-file`` / ``-j`` /
@@ -69,7 +69,7 @@ SPEC_TYPES = ("none", "draft-dflash", "ngram-simple", "ngram-mod")
 
 #: llama-server's ``-b`` / ``-ub`` defaults (common/common.h at llama.cpp 0c1e570).
 N_BATCH, N_UBATCH = 2048, 512
-#: ``--cache-ram`` when not given: :class:`~dflash2_gguf.api.DFlashDecoder`'s default, per slot
+#: ``--cache-ram`` when not given: :class:`~dflash2_gguf.decoder.api.DFlashDecoder`'s default, per slot
 #: (llama-server's is 8192 MiB for its one cache shared by the slots).
 CACHE_RAM_MIB = 1024
 #: ``--cache-ram -1`` (no limit): a budget no machine reaches (1 PiB).
@@ -77,7 +77,7 @@ CACHE_RAM_NO_LIMIT_MIB = 1 << 30
 
 
 def batch_and_cache(args: argparse.Namespace) -> dict:
-    """``-b``, ``-ub`` and ``--cache-ram`` as :class:`~dflash2_gguf.api.DFlashDecoder` keywords:
+    """``-b``, ``-ub`` and ``--cache-ram`` as :class:`~dflash2_gguf.decoder.api.DFlashDecoder` keywords:
     ``n_batch`` = min(-b, -ub) (the driver's target batch is llama.cpp's physical one, the rows
     of one compute graph; llama.cpp clamps ``n_ubatch`` to ``n_batch`` the same way) and
     ``cache_ram_mib`` (-1 = no limit, 0 = off).
@@ -97,7 +97,7 @@ def batch_and_cache(args: argparse.Namespace) -> dict:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the ``serve`` flags to ``p``: the model flags shared with ``generate``, the generation
-    parameters of :data:`dflash2_gguf.params.PARAMS` (request defaults), the server's own, then
+    parameters of :data:`dflash2_gguf.decoder.params.PARAMS` (request defaults), the server's own, then
     every other llama-server option (:func:`.llama_args.add_remaining`). Every option has all of
     llama.cpp's spellings; build ``p`` with ``allow_abbrev=False`` (``-tb 2`` is llama-server's
     ``--threads-batch``, never ``-t b``)."""
@@ -223,7 +223,7 @@ def settings_from_args(args: argparse.Namespace, *, warn=None):
     import json
 
     from ..options import decoder_kwargs
-    from ..params import sampling_from_values, values_from_args
+    from ..decoder.params import sampling_from_values, values_from_args
     from .app import ServerSettings
     from .context import read_model_info, resolve_n_ctx, slot_n_ctx
     from .llama_args import check_remaining

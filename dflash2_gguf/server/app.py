@@ -69,7 +69,7 @@ from .chat_output import ChatOutput, ToolPlan, finish_reason_for, plan_tools
 from .context import ModelInfo, read_model_info
 from .errors import APIError, error_body, error_response, from_exception, install_error_handlers, validation_error
 from .metrics import Metrics
-from ..params import PARAMS, effective_spec_types, table_fields
+from ..decoder.params import PARAMS, effective_spec_types, table_fields
 from .types import (ApplyTemplateRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                     LlamaCompletionRequest, TokenizeRequest)
 from .worker import Job, Worker
@@ -107,7 +107,7 @@ def metrics_params(params: dict) -> dict:
 
 
 #: Draft-source settings of a request passed on to ``DFlashDecoder.generate`` as they are
-#: (dflash2_gguf/params.py: ``spec_type``, ``spec_accept``, ``spec_ngram_*``).
+#: (dflash2_gguf/decoder/params.py: ``spec_type``, ``spec_accept``, ``spec_ngram_*``).
 _SPEC_KEYS = ("spec_type", "spec_accept", "spec_ngram_simple_size_n", "spec_ngram_simple_size_m",
               "spec_ngram_mod_n_match", "spec_ngram_mod_n_max", "spec_ngram_mod_n_min")
 
@@ -122,7 +122,7 @@ class ServerSettings:
         model_draft: Drafter GGUF (``-md``); None serves the target alone.
         n_ctx / n_ctx_draft / n_threads / n_threads_draft / n_gpu_layers / n_gpu_layers_draft /
             n_batch / flash_attn / repack / capture / cache_ram_mib:
-            :class:`~dflash2_gguf.api.DFlashDecoder` keywords (``n_ctx`` per slot; ``serve``
+            :class:`~dflash2_gguf.decoder.api.DFlashDecoder` keywords (``n_ctx`` per slot; ``serve``
             resolves it with :mod:`.context`; ``n_batch`` is min(-b, -ub), ``cache_ram_mib``
             ``--cache-ram``, each slot's).
         verbose: ``-v``: llama.cpp's log, and llama-server's ``__verbose`` in responses.
@@ -131,7 +131,7 @@ class ServerSettings:
             request (a request's ``chat_template_kwargs`` override them).
         reasoning_effort: ``--reasoning-effort``: given to the chat template unless the request
             sets one (None: not given).
-        (generation parameters): one field per entry of :data:`dflash2_gguf.params.PARAMS` that
+        (generation parameters): one field per entry of :data:`dflash2_gguf.decoder.params.PARAMS` that
             ``serve`` has (``temperature``, ``top_k``, ..., ``presence_penalty``, ``logit_bias``,
             ``grammar``, ``max_tokens`` (-1 = until end of generation or a full context),
             ``ignore_eos``, ``n_draft_max`` (the upper bound of a request's ``speculative.n_max``
@@ -222,8 +222,8 @@ class ServerSettings:
         return {p.name: getattr(self, p.name) for p in PARAMS if "serve" in p.commands and p.group != "input"}
 
     def load_decoder(self) -> Any:
-        """Build one slot's :class:`~dflash2_gguf.api.DFlashDecoder` (called in the slot's thread)."""
-        from ..api import DFlashDecoder
+        """Build one slot's :class:`~dflash2_gguf.decoder.api.DFlashDecoder` (called in the slot's thread)."""
+        from ..decoder.api import DFlashDecoder
 
         return DFlashDecoder(
             self.model, self.model_draft, n_ctx=self.n_ctx, n_ctx_draft=self.n_ctx_draft,
@@ -387,7 +387,7 @@ class ChatTurn:
         stop_reason: The driver's (``eog``, ``stop``, ``length``, ``context``).
         stopping_word: The stop string that ended the generation ("" otherwise; llama-server's
             ``stopping_word``).
-        stats: :class:`~dflash2_gguf.api.GenerationStats`.
+        stats: :class:`~dflash2_gguf.decoder.api.GenerationStats`.
         job: The job (``info``: prompt text, ``n_prompt``).
     """
 
@@ -444,7 +444,7 @@ class _Service:
         defaults, which leave them off: a request may only send their neutral values
         (:mod:`.types`), so these are the effective settings. ``logit_bias`` and ``grammar`` are
         filled in by the slot when the request is prepared (the bias needs the vocabulary).
-        Ours on top: every other generation parameter of :data:`dflash2_gguf.params.PARAMS`
+        Ours on top: every other generation parameter of :data:`dflash2_gguf.decoder.params.PARAMS`
         under its ``props`` key, e.g. ``speculative.n_max`` / ``n_min`` / ``p_min`` /
         ``adaptive``, the effective per-request draft settings (llama-server takes them in a
         request but reports only ``speculative.types``)."""

@@ -22,8 +22,8 @@ Sources: tools/server/server-common.cpp (``tokenize_mixed``, ``tokenize_input_pr
 - Context (:func:`check_context`): a prompt of ``n_ctx`` tokens or more is a 400
   ``exceed_context_size_error`` with ``n_prompt_tokens`` / ``n_ctx``.
 - Generation parameters (:func:`resolve`, :func:`sampling_params`): the request's values over
-  the server's defaults, entry by entry of :data:`dflash2_gguf.params.PARAMS`, then
-  :class:`~dflash2_gguf.sampling.SamplingParams`.
+  the server's defaults, entry by entry of :data:`dflash2_gguf.decoder.params.PARAMS`, then
+  :class:`~dflash2_gguf.decoder.sampling.SamplingParams`.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def render_chat(decoder: Any, messages: List[Dict[str, Any]], *, add_generation_
     """Render ``messages`` with the decoder's chat template (or ``template``), llama-server style.
 
     Args:
-        decoder: A :class:`~dflash2_gguf.api.DFlashDecoder` (its ``apply_chat_template``; only
+        decoder: A :class:`~dflash2_gguf.decoder.api.DFlashDecoder` (its ``apply_chat_template``; only
             the keywords that are set are passed: ``chat_template``, ``jinja=False``,
             ``chat_template_kwargs``, ``tools``).
         messages: Template dicts (role, content, and tool fields).
@@ -291,7 +291,7 @@ def schema_grammar(schema: Any) -> str:
 
 def format_probs(decoder: Any, items: Sequence[Any], post_sampling: bool = False) -> List[Dict[str, Any]]:
     """llama-server's ``completion_probabilities`` / ``logprobs.content`` entries from
-    :class:`~dflash2_gguf.api.TokenLogprob` items: ``{"id", "token", "bytes", "logprob",
+    :class:`~dflash2_gguf.decoder.api.TokenLogprob` items: ``{"id", "token", "bytes", "logprob",
     "top_logprobs": [...]}``. With ``post_sampling_probs``, ``prob`` / ``top_probs`` instead
     (``exp`` of the same log-probabilities: the driver reports the distribution after bias,
     penalties and grammar, before truncation and temperature, for both settings)."""
@@ -319,7 +319,7 @@ def format_probs(decoder: Any, items: Sequence[Any], post_sampling: bool = False
 
 def resolve(req: Any, settings: Any) -> Dict[str, Any]:
     """The effective generation parameters of a request: ``{table entry name: value}`` for every
-    entry of :data:`dflash2_gguf.params.PARAMS` that the server has (``settings``' fields) or the
+    entry of :data:`dflash2_gguf.decoder.params.PARAMS` that the server has (``settings``' fields) or the
     request's API has, the request's value over the server's.
 
     Generic entries take the first of their request fields (for the request's API) that is set;
@@ -329,7 +329,7 @@ def resolve(req: Any, settings: Any) -> Dict[str, Any]:
     and ``grammar`` are the server's here (the request's are added in :func:`sampling_params`, as
     they need the vocabulary).
     """
-    from ..params import PARAMS
+    from ..decoder.params import PARAMS
 
     api = getattr(req, "API", "completion")
     out: Dict[str, Any] = {}
@@ -353,7 +353,7 @@ def resolve(req: Any, settings: Any) -> Dict[str, Any]:
     out["n_draft_min"] = spec["n_min"] if spec["n_min"] is not None else settings.n_draft_min
     out["p_min"] = spec["p_min"] if spec["p_min"] is not None else settings.p_min
     if spec["type"] is not None:
-        from ..params import parse_spec_types
+        from ..decoder.params import parse_spec_types
 
         try:
             types = parse_spec_types(spec["type"])
@@ -380,8 +380,8 @@ def sampling_params(req: Any, values: Dict[str, Any], decoder: Any, *, grammar: 
     Raises:
         APIError: 400 naming the field for a value :class:`SamplingParams` refuses.
     """
-    from ..params import select
-    from ..sampling import SamplingParams
+    from ..decoder.params import select
+    from ..decoder.sampling import SamplingParams
 
     names = [p.name for p in select(group="sampling")]
     kw: Dict[str, Any] = {k: values[k] for k in names if k in values}

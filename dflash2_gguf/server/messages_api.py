@@ -34,7 +34,7 @@ import json
 import secrets
 from typing import Any, AsyncIterator, Dict, List, Optional
 
-from ..params import rename_request
+from ..decoder.params import rename_request
 from .errors import APIError
 
 __all__ = ["to_chat", "message_object", "MessagesStream", "error_body", "ERROR_TYPES", "DEFAULT_MAX_TOKENS"]

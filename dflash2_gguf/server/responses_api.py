@@ -35,7 +35,7 @@ import secrets
 import time
 from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
 
-from ..params import rename_request
+from ..decoder.params import rename_request
 from .errors import APIError
 
 __all__ = ["to_chat", "response_object", "ResponsesStream", "input_tokens_object"]

@@ -18,7 +18,7 @@ issue 13 item 4):
   never a silent ignore.
 - The generation parameters (sampling, penalties, ``logit_bias``, ``grammar`` / ``json_schema`` /
   ``response_format``, ``n_probs``, limits, draft settings) are the entries of
-  :data:`dflash2_gguf.params.PARAMS`: the generic ones become fields here with the table's
+  :data:`dflash2_gguf.decoder.params.PARAMS`: the generic ones become fields here with the table's
   bounds; every one maps onto the generation (:func:`.compat.resolve`).
 - Generation defaults are the server's (``--temp``, ``--top-k``, ``--presence-penalty``, ``-n``
   ...; llama-server's defaults, e.g. 0.8 / 40 / 0.95 / 0.05 / random / -1 = until end of
@@ -136,9 +136,9 @@ def _stop_list(v: Union[str, List[str], None]) -> List[str]:
 
 def _table_model() -> type:
     """A base model with one optional field per generic request field of the generation
-    parameters table (:func:`dflash2_gguf.params.request_fields`, the completion and chat APIs),
+    parameters table (:func:`dflash2_gguf.decoder.params.request_fields`, the completion and chat APIs),
     its bounds from the table; None = the server's default."""
-    from ..params import request_fields
+    from ..decoder.params import request_fields
 
     fields: Dict[str, Any] = {}
     for api in ("completion", "chat"):
@@ -150,9 +150,9 @@ def _table_model() -> type:
 class GenerationFields(_table_model()):
     """Sampling, limits and llama-server extensions shared by every generation endpoint; the
     generic generation parameters (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``,
-    penalties, ``ignore_eos`` ...) come from :data:`dflash2_gguf.params.PARAMS`."""
+    penalties, ``ignore_eos`` ...) come from :data:`dflash2_gguf.decoder.params.PARAMS`."""
 
-    #: The API whose request field names (:attr:`dflash2_gguf.params.Param.request`) apply.
+    #: The API whose request field names (:attr:`dflash2_gguf.decoder.params.Param.request`) apply.
     API: ClassVar[str] = "completion"
 
     #: The model name every OpenAI client sends. One model per server here: any name is

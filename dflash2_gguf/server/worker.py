@@ -13,7 +13,7 @@ share a decoder. Each job's results go to its own ``asyncio.Queue`` through
 
 Slots. llama-server's ``--parallel N`` gives N slots that share one model and one KV cache and are
 batched together in each target pass. The native driver runs one sequence per context, so here
-each slot loads its own :class:`~dflash2_gguf.api.DFlashDecoder` (target + drafter + their
+each slot loads its own :class:`~dflash2_gguf.decoder.api.DFlashDecoder` (target + drafter + their
 contexts). On CPU the GGUF weights are memory-mapped, so the N loads share the same page-cache
 pages and cost little extra RAM; each slot does own its KV caches (N x the KV memory of one), and
 on a GPU each slot holds its own copy of the offloaded layers. The slots run concurrently in
@@ -343,7 +343,7 @@ class Worker:
 
 def _empty_final(n_prompt: int) -> Any:
     """The one chunk of an ``n_predict: 0`` request (nothing generated)."""
-    from ..api import GenerationStats, StreamChunk
+    from ..decoder.api import GenerationStats, StreamChunk
 
     st = GenerationStats(n_prompt, 0, 0, 0, 0, 0.0, [], [], [], 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, "length")
     return StreamChunk("", [], [], True, st)

@@ -40,7 +40,7 @@ class SamplingParams:
     """Every sampling option of a generation, with its default; the one type that flows from the
     API, CLI and server to the native driver (``native/sampling.h``, ``SamplingOptions``).
 
-    The fields come from the ``group="sampling"`` entries of :data:`dflash2_gguf.params.PARAMS`
+    The fields come from the ``group="sampling"`` entries of :data:`dflash2_gguf.decoder.params.PARAMS`
     (type, default, flags, request fields, native field: declared there once). Adding an option:
     an entry there, a line in ``DFLASH2_SAMPLING_FIELDS`` (native/sampling.h) and its use in
     ``native/sampling.cpp``; its range check, if any, below.

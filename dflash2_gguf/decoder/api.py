@@ -248,7 +248,7 @@ def _file_id(path) -> Optional[list]:
 def _cost_models_path() -> Path:
     """Where cost models and learnt policies are kept: ``$DFLASH2_GGUF_COST_MODELS``, else
     ``<cache>/cost-models.json`` (``<cache>``: :func:`dflash2_gguf.assets.cache_dir`)."""
-    from .assets import cache_dir
+    from ..assets import cache_dir
 
     return Path(os.environ.get("DFLASH2_GGUF_COST_MODELS") or cache_dir() / "cost-models.json")
 
@@ -367,7 +367,7 @@ class DFlashDecoder:
                 raise FileNotFoundError(f"no such GGUF file: {p}")
         if capture not in ("auto", "layer_inp", "cb_eval"):
             raise ValueError("capture must be 'auto', 'layer_inp' or 'cb_eval'")
-        from ._native_loader import native
+        from .._native_loader import native
 
         n = native()
         # llama.cpp's loader logs go to stderr only when asked (errors always do).
@@ -468,7 +468,7 @@ class DFlashDecoder:
     def engine(self):
         """The native ``Engine`` (private API; raises ClosedError when closed)."""
         if self._engine is None:
-            from .errors import ClosedError
+            from ..errors import ClosedError
 
             raise ClosedError("the decoder is closed", 6, 0)
         return self._engine
@@ -525,7 +525,7 @@ class DFlashDecoder:
         return d
 
     def _set_costs(self, d: Mapping[str, Any], fixed: bool = True) -> None:
-        from ._native_loader import native
+        from .._native_loader import native
 
         c = native().CostModel()
         c.fixed = bool(fixed)
@@ -600,7 +600,7 @@ class DFlashDecoder:
             dflash2_gguf.chat.ChatTemplateError (a ValueError): malformed messages, or the
                 template refused or failed to render them (the message names the template).
         """
-        from .chat import render_builtin, renderer_for
+        from ..chat import render_builtin, renderer_for
 
         kw = {**(chat_template_kwargs or {}), **template_kwargs}
         if not jinja:
@@ -612,7 +612,7 @@ class DFlashDecoder:
     def _spec_bits(self, spec_type: Union[str, Sequence[str], None]) -> int:
         """``spec_type`` as the native SpecType bits (ValueError: an unknown name, or
         draft-dflash without a drafter)."""
-        from ._native_loader import native
+        from .._native_loader import native
         from .params import effective_spec_types
 
         n = native()
@@ -631,7 +631,7 @@ class DFlashDecoder:
         if messages is not None:
             # the chat as llama-server feeds it: rendered, a template-written BOS dropped when the
             # tokenizer adds one, special tokens parsed (dflash2_gguf.chat.chat_prompt_ids)
-            from .chat import chat_prompt_ids
+            from ..chat import chat_prompt_ids
 
             return chat_prompt_ids(self, messages)
         if isinstance(prompt, str):
@@ -655,7 +655,7 @@ class DFlashDecoder:
             raise ValueError("max_tokens must be >= 1")
         if not (0.0 <= p_min <= 1.0):
             raise ValueError("p_min must be in [0, 1]")
-        from ._native_loader import native
+        from .._native_loader import native
 
         n = native()
         g = n.GenParams()
@@ -819,7 +819,7 @@ class DFlashDecoder:
         held back until it cannot, so the chunks' texts concatenate to exactly the non-streamed text
         (cut before the earliest stop string) and never contain the start of a cut stop string."""
         from .detok import StreamingDetokenizer
-        from .stops import StopStringBuffer
+        from ..stops import StopStringBuffer
 
         eng = self.engine
         text = StreamingDetokenizer(lambda t: eng.detokenize(t, False))  # linear in the output

@@ -6,7 +6,7 @@ spellings (common/arg.cpp at 0c1e570), request field names per HTTP API, its ``L
 variable, its native field (``native/sampling.h`` ``SamplingOptions`` / ``native/driver.h``
 ``GenParams``) and its key in llama-server's ``generation_settings``. From the table come:
 
-- the fields of :class:`~dflash2_gguf.sampling.SamplingParams` (``group == "sampling"``) and of
+- the fields of :class:`~dflash2_gguf.decoder.sampling.SamplingParams` (``group == "sampling"``) and of
   the server's :class:`~dflash2_gguf.server.app.ServerSettings` (``"serve" in commands``), with
   :func:`table_fields`;
 - the flags of ``generate``, ``bench`` and ``serve`` (:func:`add_arguments`) and their values
@@ -463,14 +463,14 @@ def values_from_args(args: argparse.Namespace, command: str) -> Dict[str, Any]:
     except OSError as e:
         raise ValueError(f"cannot read {e.filename}: {e.strerror}") from None
     if schema is not None:
-        from .grammar import json_schema_to_grammar
+        from ..grammar import json_schema_to_grammar
 
         out["grammar"] = json_schema_to_grammar(schema)
     return out
 
 
 def sampling_from_values(values: Mapping[str, Any]):
-    """The :class:`~dflash2_gguf.sampling.SamplingParams` of the sampling entries in ``values``
+    """The :class:`~dflash2_gguf.decoder.sampling.SamplingParams` of the sampling entries in ``values``
     (others ignored; missing ones keep the dataclass defaults).
 
     Raises:
