@@ -3,7 +3,7 @@ llama-server built from the pinned source, same GGUFs, same threads, T = 0, deco
 
 Prompts: ``data/agent/agent_prompts.jsonl`` (:mod:`benchmarks.agent_prompts`: code edits, JSON
 tool round trips, an agent transcript replayed turn by turn, prose as the control), each rendered
-once with our chat renderer (:func:`dflash2_gguf.chat.chat_prompt_ids`, what our server feeds)
+once with our chat renderer (:func:`dflash2_gguf.chat.templates.chat_prompt_ids`, what our server feeds)
 and sent as those token ids to both: ``DFlashDecoder.generate(ids)`` and llama-server's
 ``/completion`` with ``"prompt": ids`` (its ``tokens_evaluated`` is checked against ``len(ids)``).
 
@@ -184,7 +184,7 @@ def run_bench(target: str, drafter: Optional[str], *, threads: int, n_new: int, 
               prompts: Path = PROMPTS, llama: bool = True, llama_types=LLAMA_NGRAM, ours: bool = True,
               progress: bool = True) -> dict:
     from dflash2_gguf import DFlashDecoder
-    from dflash2_gguf.chat import chat_prompt_ids
+    from dflash2_gguf.chat.templates import chat_prompt_ids
 
     rows = pick_rows(prompts, kinds, n_per_kind)
     others_before = other_load()
@@ -290,7 +290,7 @@ def identity_check(target: str, drafter: Optional[str], threads: int, ids_wanted
     from the target alone's. With 1 thread the one-token decodes sum like batched rows (README,
     "Exactness at T = 0"), so any departure there would be a driver bug."""
     from dflash2_gguf import DFlashDecoder, SamplingParams
-    from dflash2_gguf.chat import chat_prompt_ids
+    from dflash2_gguf.chat.templates import chat_prompt_ids
 
     rows = [r for r in pick_rows(prompts, KINDS, 10**6) if r["id"] in ids_wanted]
     g = SamplingParams.greedy_params()

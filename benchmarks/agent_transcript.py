@@ -56,7 +56,7 @@ def system_prompt(min_tokens: int, tokenize) -> str:
 def run_config(target: str, drafter, *, cache: bool, n_ctx: int, n_new: int, threads, sys_tokens: int) -> dict:
     """Replay the transcript once; per-turn figures."""
     from dflash2_gguf import DFlashDecoder, SamplingParams
-    from dflash2_gguf.chat import chat_prompt_ids
+    from dflash2_gguf.chat.templates import chat_prompt_ids
 
     greedy = SamplingParams.greedy_params()
     rows = []

@@ -17,7 +17,7 @@ from typing import Optional
 from .bench_compare import check_side_by_side, side_by_side
 from .bench_report import write_report
 from .bench_stats import RequestResult, first_mismatch, nan_to_none, run_dict, summarize
-from .chat import chat_prompt_ids
+from .chat.templates import chat_prompt_ids
 from .prompt_sets import load_prompts
 
 __all__ = ["run_sweep", "sweep_markdown", "policy_summary", "run_bench", "ComparisonFailed"]

@@ -1,9 +1,9 @@
 """Flags shared by the subcommands (``generate``, ``bench``, ``serve``) and what they map to.
 
-A leaf module: it imports nothing of this package at import time, and only :mod:`.params`,
-:mod:`.sampling` and :mod:`.grammar` (and :mod:`.api` in :func:`open_decoder`) when a helper runs, so
-:mod:`dflash2_gguf.cli`, :mod:`dflash2_gguf.bench` and :mod:`dflash2_gguf.server.__main__` all
-import it without importing one another (``cli`` dispatches to them; nothing imports ``cli``).
+A leaf module: it imports nothing of this package at import time, and only :mod:`.decoder.params`,
+:mod:`.decoder.sampling` and :mod:`.chat.grammar` (and :mod:`.decoder.api` in :func:`open_decoder`)
+when a helper runs, so :mod:`dflash2_gguf.cli`, :mod:`dflash2_gguf.bench` and
+:mod:`dflash2_gguf.server.__main__` all import it without importing one another (``cli`` dispatches to them; nothing imports ``cli``).
 
 - :func:`add_model_args` / :func:`decoder_kwargs` / :func:`open_decoder`: model and context
   flags in llama.cpp's spellings -> :class:`~dflash2_gguf.decoder.api.DFlashDecoder` keywords;

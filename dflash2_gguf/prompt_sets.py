@@ -10,7 +10,7 @@ MT-Bench its two turns). :func:`load_prompts` picks rows as the authors do:
 ``dflash2-gguf bench --dataset NAME`` renders every turn (MT-Bench's second turn follows the
 model's first answer); ``dflash2-gguf train capture --prompts NAME`` uses the first turn of each
 picked row (:func:`first_turns`). Both then render the user message with the GGUF's chat template
-(:mod:`dflash2_gguf.chat`).
+(:mod:`dflash2_gguf.chat.templates`).
 
 A set may also be given as a path: a ``.jsonl`` / ``.jsonl.gz`` file (a name starting with
 ``mbpp`` gets the MBPP template; any other file is used raw: ``turns`` (list) or the first of

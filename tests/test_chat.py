@@ -1,4 +1,4 @@
-"""The chat renderer (dflash2_gguf.chat): byte-identical to transformers' rendering for the real
+"""The chat renderer (dflash2_gguf.chat.templates): byte-identical to transformers' rendering for the real
 SmolLM2 and Qwen2.5-Coder templates, transformers' Jinja environment, and the token ids llama-server
 feeds for a chat."""
 
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from dflash2_gguf.chat import ChatRenderer, ChatTemplateError, normalize_messages
+from dflash2_gguf.chat.templates import ChatRenderer, ChatTemplateError, normalize_messages
 
 TOOLS = [
     {"type": "function", "function": {
@@ -210,7 +210,7 @@ def test_smollm2_gsm8k_prompt_is_llama_servers_87_tokens(smollm2_gguf):
     message. GSM8K test row 30 with the benchmark's math suffix is one such request."""
     from dflash2_gguf import assets
     from dflash2_gguf.bench import format_turns
-    from dflash2_gguf.chat import render_builtin
+    from dflash2_gguf.chat.templates import render_builtin
 
     rows = [json.loads(line) for line in open(assets.fetch("gsm8k-test"), encoding="utf-8")]
     msgs = [{"role": "user", "content": format_turns("gsm8k", rows[30])[0]}]
@@ -227,7 +227,7 @@ def test_smollm2_gsm8k_prompt_is_llama_servers_87_tokens(smollm2_gguf):
 def test_decoder_uses_the_renderer(native_ext, smollm2_gguf):
     """DFlashDecoder.apply_chat_template / generate(messages=...) / bench render with this renderer."""
     from dflash2_gguf import DFlashDecoder
-    from dflash2_gguf.chat import chat_prompt_ids
+    from dflash2_gguf.chat.templates import chat_prompt_ids
 
     msgs = CONVERSATIONS["system_several_turns"][0]
     r = ChatRenderer.from_gguf(smollm2_gguf)

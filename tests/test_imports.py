@@ -53,7 +53,7 @@ def test_leaves_and_subcommands_do_not_import_cli():
         "'llama_cpp', 'benchmarks'))))))")
     assert set(got["leaf"]) <= {"dflash2_gguf", "dflash2_gguf.options", "dflash2_gguf.prompt_sets",
                                 "dflash2_gguf.decoder", "dflash2_gguf.decoder.params", "dflash2_gguf.decoder.sampling",
-                                "dflash2_gguf.grammar"}, got["leaf"]
+                                "dflash2_gguf.chat", "dflash2_gguf.chat.grammar"}, got["leaf"]
     after = set(got["after"])
     assert "dflash2_gguf.cli" not in after, after
     assert not {m for m in after if m.startswith(("llama_cpp", "benchmarks", "dflash2_gguf._native"))}, after

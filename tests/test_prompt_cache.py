@@ -58,7 +58,7 @@ def _lcp(a, b):
 
 def test_three_turn_chat_prefills_only_new_tokens(native_ext, smollm2_gguf):
     from dflash2_gguf import SamplingParams
-    from dflash2_gguf.chat import chat_prompt_ids
+    from dflash2_gguf.chat.templates import chat_prompt_ids
 
     greedy = SamplingParams.greedy_params()
     with _decoder(smollm2_gguf) as dec:
@@ -96,7 +96,7 @@ def test_three_turn_chat_prefills_only_new_tokens(native_ext, smollm2_gguf):
 @pytest.mark.parametrize("ram_mib", [64, 0])
 def test_side_request_does_not_evict_the_conversation(native_ext, smollm2_gguf, ram_mib):
     from dflash2_gguf import SamplingParams
-    from dflash2_gguf.chat import chat_prompt_ids
+    from dflash2_gguf.chat.templates import chat_prompt_ids
 
     greedy = SamplingParams.greedy_params()
     with _decoder(smollm2_gguf, cache_ram_mib=ram_mib) as dec:

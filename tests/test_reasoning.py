@@ -1,4 +1,4 @@
-"""Reasoning split (dflash2_gguf.reasoning): llama-server's --reasoning-format semantics, batch and
+"""Reasoning split (dflash2_gguf.chat.reasoning): llama-server's --reasoning-format semantics, batch and
 streaming equal on random splits, output that starts inside a think block."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from dflash2_gguf.reasoning import ReasoningParser, split_reasoning
+from dflash2_gguf.chat.reasoning import ReasoningParser, split_reasoning
 
 QWEN3 = "<think>\nThe user wants 2+2.\nThat is 4.\n</think>\n\nThe answer is **4**.\n"
 

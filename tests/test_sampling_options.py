@@ -65,7 +65,7 @@ def shipped(native_ext, smollm2_gguf):
 
 
 def _ids(dec, q):
-    from dflash2_gguf.chat import chat_prompt_ids
+    from dflash2_gguf.chat.templates import chat_prompt_ids
 
     ids = chat_prompt_ids(dec, [{"role": "user", "content": q}])
     assert len(ids) + N_NEW <= 256, "keep every context within 256 cells (see the module docstring)"
@@ -73,7 +73,7 @@ def _ids(dec, q):
 
 
 def _settings():
-    from dflash2_gguf.grammar import json_schema_to_grammar
+    from dflash2_gguf.chat.grammar import json_schema_to_grammar
 
     return {
         "presence 1.5": dict(presence_penalty=1.5),
@@ -183,7 +183,7 @@ def test_json_schema_outputs_validate(shipped):
     import jsonschema
 
     from dflash2_gguf import SamplingParams
-    from dflash2_gguf.grammar import json_schema_to_grammar
+    from dflash2_gguf.chat.grammar import json_schema_to_grammar
 
     g = json_schema_to_grammar(PERSON)
     prompts = [f"Invent a person and describe them as JSON (name, age, city). Person number {i}." for i in range(5)]

@@ -1,11 +1,11 @@
-"""Stop strings in streaming (dflash2_gguf.stops.StopStringBuffer): on many random splits the
+"""Stop strings in streaming (dflash2_gguf.chat.stops.StopStringBuffer): on many random splits the
 streamed text equals the non-streamed cut text and never contains a stop-string prefix that is cut."""
 
 from __future__ import annotations
 
 import random
 
-from dflash2_gguf.stops import StopStringBuffer
+from dflash2_gguf.chat.stops import StopStringBuffer
 
 
 def _cut(text, stops):

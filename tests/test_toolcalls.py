@@ -1,4 +1,4 @@
-"""Tool-call parsing (dflash2_gguf.toolcalls): exact calls per format, streaming == batch on random
+"""Tool-call parsing (dflash2_gguf.chat.toolcalls): exact calls per format, streaming == batch on random
 splits (deltas accumulated as the openai SDK accumulates them), malformed output, format detection."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from dflash2_gguf.toolcalls import (
+from dflash2_gguf.chat.toolcalls import (
     ToolCallParser, UnsupportedToolFormatError, detect_tool_format, parse_tool_calls,
 )
 
@@ -260,7 +260,7 @@ def test_detect_tool_format():
 
 
 def test_real_templates(qwen25_05b_gguf, smollm2_gguf):
-    from dflash2_gguf.chat import ChatRenderer
+    from dflash2_gguf.chat.templates import ChatRenderer
 
     assert detect_tool_format(ChatRenderer.from_gguf(qwen25_05b_gguf).template) == "hermes"
     smol = ChatRenderer.from_gguf(smollm2_gguf)
@@ -282,7 +282,7 @@ def test_real_qwen25_coder_tool_call(native_ext, qwen25_05b_gguf):
     """The real Qwen2.5-Coder-0.5B target, T = 0, a prompt that needs a function: the format comes
     from its template and its answer parses into the call with JSON arguments."""
     from dflash2_gguf import DFlashDecoder
-    from dflash2_gguf.chat import chat_prompt_ids, renderer_for
+    from dflash2_gguf.chat.templates import chat_prompt_ids, renderer_for
 
     tools = [{"type": "function", "function": {
         "name": "get_weather", "description": "Current weather in a city",

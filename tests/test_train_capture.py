@@ -34,7 +34,7 @@ def engine_reference(native_ext, smollm2_gguf, smollm2_drafters):
     (target alone, T = 0) and the engine's features of prompt + answer (one teacher-forced
     prefill by the driver's capture, float32)."""
     from dflash2_gguf import DFlashDecoder
-    from dflash2_gguf.chat import chat_prompt_ids
+    from dflash2_gguf.chat.templates import chat_prompt_ids
 
     out = []
     with DFlashDecoder(smollm2_gguf, smollm2_drafters[2], n_ctx=512, n_threads=2) as dec:

@@ -577,7 +577,7 @@ class DFlashDecoder:
     ) -> str:
         """Render chat ``messages`` with the target GGUF's own Jinja chat template, exactly as
         ``transformers``' ``apply_chat_template(..., tokenize=False)`` renders it
-        (:class:`dflash2_gguf.chat.ChatRenderer`; ChatML for a GGUF without a template).
+        (:class:`dflash2_gguf.chat.templates.ChatRenderer`; ChatML for a GGUF without a template).
 
         Args:
             messages: OpenAI-shaped messages: system / user / assistant / tool roles, content as
@@ -597,10 +597,10 @@ class DFlashDecoder:
             ``messages`` drops it before tokenizing when the tokenizer adds BOS itself).
 
         Raises:
-            dflash2_gguf.chat.ChatTemplateError (a ValueError): malformed messages, or the
+            dflash2_gguf.chat.templates.ChatTemplateError (a ValueError): malformed messages, or the
                 template refused or failed to render them (the message names the template).
         """
-        from ..chat import render_builtin, renderer_for
+        from ..chat.templates import render_builtin, renderer_for
 
         kw = {**(chat_template_kwargs or {}), **template_kwargs}
         if not jinja:
@@ -630,8 +630,8 @@ class DFlashDecoder:
             raise ValueError("give exactly one of prompt (str or token ids) and messages")
         if messages is not None:
             # the chat as llama-server feeds it: rendered, a template-written BOS dropped when the
-            # tokenizer adds one, special tokens parsed (dflash2_gguf.chat.chat_prompt_ids)
-            from ..chat import chat_prompt_ids
+            # tokenizer adds one, special tokens parsed (dflash2_gguf.chat.templates.chat_prompt_ids)
+            from ..chat.templates import chat_prompt_ids
 
             return chat_prompt_ids(self, messages)
         if isinstance(prompt, str):
@@ -815,11 +815,11 @@ class DFlashDecoder:
 
     def _stream(self, ids: list, g, stops: list) -> Iterator[StreamChunk]:
         """The chunks of one generation. Stop strings go through a
-        :class:`~dflash2_gguf.stops.StopStringBuffer`: a tail that may still become a stop string is
+        :class:`~dflash2_gguf.chat.stops.StopStringBuffer`: a tail that may still become a stop string is
         held back until it cannot, so the chunks' texts concatenate to exactly the non-streamed text
         (cut before the earliest stop string) and never contain the start of a cut stop string."""
         from .detok import StreamingDetokenizer
-        from ..stops import StopStringBuffer
+        from ..chat.stops import StopStringBuffer
 
         eng = self.engine
         text = StreamingDetokenizer(lambda t: eng.detokenize(t, False))  # linear in the output

@@ -440,7 +440,7 @@ def parse_logit_bias(items: Optional[Iterable[str]]) -> Dict[int, float]:
 def values_from_args(args: argparse.Namespace, command: str) -> Dict[str, Any]:
     """``{entry name: value}`` of the flags :func:`add_arguments` added for ``command``, the
     inputs resolved: ``-l`` strings -> a dict, ``--grammar-file`` / ``-j`` / ``-jf`` -> ``grammar``
-    (a JSON schema converted with :func:`dflash2_gguf.grammar.json_schema_to_grammar`).
+    (a JSON schema converted with :func:`dflash2_gguf.chat.grammar.json_schema_to_grammar`).
 
     Raises:
         ValueError: an unreadable grammar / schema file, a bad logit bias or schema.
@@ -463,7 +463,7 @@ def values_from_args(args: argparse.Namespace, command: str) -> Dict[str, Any]:
     except OSError as e:
         raise ValueError(f"cannot read {e.filename}: {e.strerror}") from None
     if schema is not None:
-        from ..grammar import json_schema_to_grammar
+        from ..chat.grammar import json_schema_to_grammar
 
         out["grammar"] = json_schema_to_grammar(schema)
     return out

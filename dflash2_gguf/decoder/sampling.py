@@ -69,7 +69,7 @@ class SamplingParams:
             llama-cpp-python's ``Llama.create_completion`` (only generated tokens count).
         logit_bias: ``{token id: bias}`` added to the raw logits; ``-inf`` bans a token.
         grammar: A GBNF grammar (root rule ``root``, llama.cpp ``grammars/README.md``) the output
-            must follow; see :func:`dflash2_gguf.grammar.json_schema_to_grammar` for JSON schemas.
+            must follow; see :func:`dflash2_gguf.chat.grammar.json_schema_to_grammar` for JSON schemas.
         n_probs: ``> 0``: report, for each generated token, its log-probability and the
             ``n_probs`` most likely tokens under the distribution after bias, penalties and
             grammar, before truncation and temperature (what llama-server's ``n_probs`` reports

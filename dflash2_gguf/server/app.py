@@ -18,7 +18,7 @@ Endpoints, as llama-server's README and tools/server/server.cpp at llama.cpp 0c1
 - ``GET /metrics``: Prometheus text (see :mod:`.metrics`), always on (llama-server needs
   ``--metrics``).
 - Agents (issue 13): chat ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` and reasoning
-  (:mod:`.chat_output`); ``POST /v1/responses`` (OpenAI Responses API, :mod:`.responses_api`) and
+  (:mod:`dflash2_gguf.chat.output`); ``POST /v1/responses`` (OpenAI Responses API, :mod:`.responses_api`) and
   ``POST /v1/messages`` (Anthropic Messages API, :mod:`.messages_api`), both translated into a
   chat request and run through the same pipeline; token counts ``/v1/responses/input_tokens``,
   ``/v1/chat/completions/input_tokens`` (both also without ``/v1``, as llama-server routes them),
@@ -65,7 +65,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from pydantic import ValidationError
 
 from . import compat, messages_api, responses_api, web
-from .chat_output import ChatOutput, ToolPlan, finish_reason_for, plan_tools
+from ..chat.output import ChatOutput, ToolPlan, finish_reason_for, plan_tools
 from .context import ModelInfo, read_model_info
 from .errors import APIError, error_body, error_response, from_exception, install_error_handlers, validation_error
 from .metrics import Metrics
@@ -494,7 +494,7 @@ class _Service:
         if s.chat_template is not None:
             return s.chat_template, "the --chat-template template"
         try:
-            from ..chat import renderer_for
+            from ..chat.templates import renderer_for
 
             r = renderer_for(self.worker.decoder)
             return r.template_for(tools), r.source
@@ -502,7 +502,7 @@ class _Service:
             return self.info.chat_template, f"tokenizer.chat_template of {Path(s.model).name}"
 
     def tool_plan(self, body: Any) -> ToolPlan:
-        """The request's :class:`~.chat_output.ToolPlan` (see :mod:`.chat_output`).
+        """The request's :class:`~dflash2_gguf.chat.output.ToolPlan` (see :mod:`dflash2_gguf.chat.output`).
 
         Raises:
             APIError: 400 for tools with ``--no-jinja``, tools with a custom grammar / JSON
@@ -525,7 +525,7 @@ class _Service:
         return plan_tools(tools, choice, body.parallel_tool_calls, src, name)
 
     def chat_output(self, job: Job, body: Any, plan: ToolPlan) -> ChatOutput:
-        """A :class:`~.chat_output.ChatOutput` for one choice of ``body`` (its prompt is rendered)."""
+        """A :class:`~dflash2_gguf.chat.output.ChatOutput` for one choice of ``body`` (its prompt is rendered)."""
         fmt = body.reasoning_format or self.settings.reasoning_format
         opens = str(job.info.get("prompt", "")).rstrip().endswith("<think>")
         return ChatOutput(fmt, starts_in_reasoning=opens, plan=plan)
@@ -1081,7 +1081,7 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
     @app.post("/chat/completions")
     async def chat(request: Request):
         """OpenAI chat completion (prompt rendered with the chat template; tools and reasoning
-        parsed from the output, see :mod:`.chat_output`)."""
+        parsed from the output, see :mod:`dflash2_gguf.chat.output`)."""
         metrics.request("/v1/chat/completions")
         body = await parse_body(request, ChatCompletionRequest)
         done, jobs, plan = await start_chat(body, request)

@@ -215,10 +215,10 @@ def _prefill_prompt(decoder: Any, messages: List[Dict[str, Any]], kw: Dict[str, 
 
 def _strip_special(decoder: Any, template: Optional[str], text: str) -> str:
     """Drop a template-written leading BOS / trailing EOS that the tokenizer adds itself, as
-    llama-server's prompt (and :meth:`dflash2_gguf.chat.ChatRenderer.prompt_text`) does; a
+    llama-server's prompt (and :meth:`dflash2_gguf.chat.templates.ChatRenderer.prompt_text`) does; a
     decoder without the chat renderer (a test fake) keeps the text."""
     try:
-        from ..chat import renderer_for
+        from ..chat.templates import renderer_for
 
         r = renderer_for(decoder, template)
     except Exception:  # noqa: BLE001 - no renderer for this decoder
@@ -276,13 +276,13 @@ def parse_logit_bias(decoder: Any, bias: Any) -> Dict[int, float]:
 
 
 def schema_grammar(schema: Any) -> str:
-    """GBNF for a JSON schema (:func:`dflash2_gguf.grammar.json_schema_to_grammar`).
+    """GBNF for a JSON schema (:func:`dflash2_gguf.chat.grammar.json_schema_to_grammar`).
 
     Raises:
         APIError: 400 when the schema cannot be converted.
     """
     try:
-        from ..grammar import json_schema_to_grammar
+        from ..chat.grammar import json_schema_to_grammar
 
         return json_schema_to_grammar(schema)
     except Exception as e:  # noqa: BLE001
@@ -449,7 +449,7 @@ def template_caps(model: str, template: Optional[str] = None) -> Dict[str, bool]
     """
     caps = dict(TEMPLATE_CAPS_DEFAULT)
     try:
-        from ..chat import ChatRenderer, _environment
+        from ..chat.templates import ChatRenderer, _environment
 
         base = ChatRenderer.from_gguf(model)
         env = _environment()

@@ -351,7 +351,7 @@ class ChatMessage(_Lenient):
 
     def text(self) -> str:
         """The message content as one string: text parts joined with newlines, as llama-server
-        and :func:`dflash2_gguf.chat.normalize_messages` join them."""
+        and :func:`dflash2_gguf.chat.templates.normalize_messages` join them."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
@@ -419,7 +419,7 @@ class ChatCompletionRequest(GenerationFields):
     @field_validator("reasoning_format")
     @classmethod
     def _reasoning_format(cls, v):
-        from ..reasoning import REASONING_FORMATS
+        from ..chat.reasoning import REASONING_FORMATS
 
         if v is not None and v not in REASONING_FORMATS:
             raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got {v!r}")

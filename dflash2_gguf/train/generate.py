@@ -10,7 +10,7 @@ recording where the architecture has it (one KV stream per sequence), the ``cb_e
 otherwise (unified KV, so the callback sees rows in batch order). No per-token Python loop:
 one Python call per ``llama_decode``.
 
-Prompts are rendered with the serving chat renderer (:func:`dflash2_gguf.chat.chat_prompt_ids`:
+Prompts are rendered with the serving chat renderer (:func:`dflash2_gguf.chat.templates.chat_prompt_ids`:
 the GGUF's Jinja template, tokenized as llama-server does), so the drafter learns the prompts
 that serving produces.
 
@@ -112,14 +112,14 @@ class BatchedCapture:
         self.target_layer_ids = tuple(o.target_layer_ids)
         self._native = n.BatchCapture(o)
 
-    # -- the decoder-like surface :func:`dflash2_gguf.chat.chat_prompt_ids` needs
+    # -- the decoder-like surface :func:`dflash2_gguf.chat.templates.chat_prompt_ids` needs
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         return self._native.tokenize(text, add_special, parse_special)
 
     def chat_prompt_ids(self, text: str) -> list[int]:
         """Token ids of one user message, rendered and tokenized as the server does."""
-        from ..chat import chat_prompt_ids
+        from ..chat.templates import chat_prompt_ids
 
         return chat_prompt_ids(self, [{"role": "user", "content": text}])
 

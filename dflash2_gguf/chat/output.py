@@ -10,13 +10,13 @@ llama-server's ``oaicompat_chat_params_parse`` in tools/server/server-common.cpp
 
 - the tools are always given to the chat template; with ``tool_choice`` ``"none"`` the output is not
   parsed for calls (plain content), as llama-server;
-- ``"auto"`` (the default): calls are parsed from the output (:mod:`dflash2_gguf.toolcalls`, format
+- ``"auto"`` (the default): calls are parsed from the output (:mod:`dflash2_gguf.chat.toolcalls`, format
   from the template: Hermes/Qwen ``<tool_call>`` JSON or Llama 3.x JSON); a template with another
   format, or none, is a 400 naming the template;
 - ``"required"`` or a named function ``{"type": "function", "function": {"name": ...}}``: the
   output is constrained by a GBNF grammar (:func:`tool_call_grammar`) that accepts only calls, in
   the template's format, with arguments valid under each tool's JSON schema
-  (:func:`dflash2_gguf.grammar.json_schema_to_grammar`). llama-server arms such a grammar lazily,
+  (:func:`dflash2_gguf.chat.grammar.json_schema_to_grammar`). llama-server arms such a grammar lazily,
   at the first call marker; here the call must come first, so the grammar is active from the
   first token (same calls; no text before them);
 - ``parallel_tool_calls`` false: one call at most (the grammar allows one; in ``auto`` mode only
@@ -24,7 +24,7 @@ llama-server's ``oaicompat_chat_params_parse`` in tools/server/server-common.cpp
 - a ``grammar`` / ``json_schema`` / ``response_format`` together with tools (choice other than
   ``none``) is a 400, as in llama-server ("Cannot use custom grammar constraints with tools").
 
-Reasoning: :class:`dflash2_gguf.reasoning.ReasoningParser` with the request's ``reasoning_format``
+Reasoning: :class:`dflash2_gguf.chat.reasoning.ReasoningParser` with the request's ``reasoning_format``
 (else the server's ``--reasoning-format``), starting inside the think block when the rendered
 prompt ends with ``<think>``. The content that follows the reasoning goes to the tool-call parser.
 """
@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from .errors import APIError
+from ..server.errors import APIError
 
 __all__ = ["ToolPlan", "plan_tools", "tool_call_grammar", "ChatOutput", "finish_reason_for"]
 
@@ -101,7 +101,7 @@ def tool_call_grammar(fmt: str, functions: Sequence[Dict[str, Any]], parallel: b
     Raises:
         ValueError: a schema the converter cannot turn into a grammar (the message names it).
     """
-    from ..grammar import json_schema_to_grammar
+    from .grammar import json_schema_to_grammar
 
     key = "arguments" if fmt == "hermes" else "parameters"
     alts = [{"type": "object", "properties": {"name": {"const": f["name"]}, key: f["parameters"]},
@@ -136,7 +136,7 @@ def plan_tools(tools: Optional[Sequence[Any]], tool_choice: Any, parallel_tool_c
         APIError: 400 for a malformed tool, an unknown named function, a tool choice without tools,
             or a template whose tool-call format is not supported (the message names the template).
     """
-    from ..toolcalls import UnsupportedToolFormatError, detect_tool_format
+    from .toolcalls import UnsupportedToolFormatError, detect_tool_format
 
     choice = "auto" if tool_choice is None else tool_choice
     if isinstance(choice, dict):
@@ -180,7 +180,7 @@ class ChatOutput:
     """One choice's output, split into reasoning, content and tool calls, batch or streamed.
 
     Args:
-        reasoning_format: One of :data:`dflash2_gguf.reasoning.REASONING_FORMATS`.
+        reasoning_format: One of :data:`dflash2_gguf.chat.reasoning.REASONING_FORMATS`.
         starts_in_reasoning: The rendered prompt ends inside an open ``<think>`` block.
         plan: The request's :class:`ToolPlan` (None: no tools).
 
@@ -191,8 +191,8 @@ class ChatOutput:
 
     def __init__(self, reasoning_format: str = "auto", *, starts_in_reasoning: bool = False,
                  plan: Optional[ToolPlan] = None) -> None:
-        from ..reasoning import ReasoningParser
-        from ..toolcalls import ToolCallParser
+        from .reasoning import ReasoningParser
+        from .toolcalls import ToolCallParser
 
         self._r = ReasoningParser(reasoning_format, starts_in_reasoning=starts_in_reasoning)
         self.plan = plan or ToolPlan()

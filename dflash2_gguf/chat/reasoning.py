@@ -13,7 +13,7 @@ and ``common/chat.cpp``):
 A think block counts only at the start of the output (after blanks), as in llama.cpp's DeepSeek-R1
 style parsers: ``<think>`` text ``</think>`` then the answer. When the prompt already opened the
 block (templates whose generation prompt ends with ``<think>``, e.g. Qwen3's thinking variants and
-DeepSeek-R1 distills: :meth:`dflash2_gguf.chat.ChatRenderer.generation_prompt_opens_thinking`),
+DeepSeek-R1 distills: :meth:`dflash2_gguf.chat.templates.ChatRenderer.generation_prompt_opens_thinking`),
 pass ``starts_in_reasoning=True``: the output begins inside the block. A block that is never
 closed (generation cut) is all reasoning. Blanks around the reasoning and before the answer are
 dropped (the reasoning is stripped, the content left-stripped); text without a think block is
