@@ -39,7 +39,7 @@ import platform
 from pathlib import Path
 from typing import Any, Optional
 
-from dflash2_gguf.bench_run import policy_summary
+from dflash2_gguf.bench.run import policy_summary
 
 KEEP_START, KEEP_END = "<!-- analysis -->", "<!-- /analysis -->"
 SWEEP_START, SWEEP_END = "<!-- sweep -->", "<!-- /sweep -->"

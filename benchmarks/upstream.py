@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from dflash2_gguf.assets import cache_dir, sha256_file  # one cache root, one hasher
-from dflash2_gguf.bench_compare import UPSTREAM_COMMIT  # llama.cpp commit vendored by that release
+from dflash2_gguf.bench.compare import UPSTREAM_COMMIT  # llama.cpp commit vendored by that release
 
 __all__ = [
     "UPSTREAM_COMMIT", "UPSTREAM_OUTTYPES", "UpstreamUnavailable", "cache_dir", "fetch_upstream",

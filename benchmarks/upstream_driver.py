@@ -10,7 +10,7 @@ Three comparison points, all on the same target GGUF, drafter GGUF and rendered 
 - llama-cpp-python's prompt-lookup decoding (``LlamaPromptLookupDecoding``), the only speculative
   mode its Python API offers, and its plain ``Llama`` decoding.
 
-Running the tools and parsing what they print live in :mod:`dflash2_gguf.bench_compare` (re-exported
+Running the tools and parsing what they print live in :mod:`dflash2_gguf.bench.compare` (re-exported
 here); this module builds them. The two binaries are built once from the sdist's sources (Release, Ninja when available,
 static libraries, ``-DGGML_NATIVE=ON``, without llama.cpp's AMX kernels on a CPU that has AMX
 as ``scripts/setup.sh`` builds llama-cpp-python there; about 3-6 min on 2 cores) in a folder of the cache and
@@ -37,7 +37,7 @@ from typing import Optional
 
 # Running the tools and parsing their output is the package's (``dflash2-gguf bench --upstream``
 # works from an installed wheel once the tools exist); building them is this module's.
-from dflash2_gguf.bench_compare import (UPSTREAM_TOOLS, PromptLookupRunner, UpstreamRun, _common_flags,  # noqa: F401
+from dflash2_gguf.bench.compare import (UPSTREAM_TOOLS, PromptLookupRunner, UpstreamRun, _common_flags,  # noqa: F401
                                         default_upstream_bin_dir, parse_completion, parse_speculative_simple,
                                         run_completion, run_speculative_simple)
 

@@ -155,13 +155,13 @@ def _serve_run(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- bench
 
 def _bench_args(p: argparse.ArgumentParser) -> None:
-    from .bench import add_bench_args  # light: no native code, no llama_cpp at import
+    from .bench.cli import add_bench_args  # light: no native code, no llama_cpp at import
 
     add_bench_args(p)
 
 
 def _bench_run(args: argparse.Namespace) -> int:
-    from .bench import run_from_args
+    from .bench.cli import run_from_args
 
     return run_from_args(args)
 

@@ -2,7 +2,7 @@
 
 A leaf module: it imports nothing of this package at import time, and only :mod:`.decoder.params`,
 :mod:`.decoder.sampling` and :mod:`.chat.grammar` (and :mod:`.decoder.api` in :func:`open_decoder`)
-when a helper runs, so :mod:`dflash2_gguf.cli`, :mod:`dflash2_gguf.bench` and
+when a helper runs, so :mod:`dflash2_gguf.cli`, :mod:`dflash2_gguf.bench.cli` and
 :mod:`dflash2_gguf.server.__main__` all import it without importing one another (``cli`` dispatches to them; nothing imports ``cli``).
 
 - :func:`add_model_args` / :func:`decoder_kwargs` / :func:`open_decoder`: model and context

@@ -4,7 +4,7 @@
     python scripts/measure_acceptance.py --n-prompts 10 --max-new-tokens 256 \
         --datasets gsm8k,humaneval,mbpp,mt-bench D1.gguf [D2.gguf ...]
 
-Prompts: ``dflash2_gguf.prompt_sets.load_prompts(dataset, n)`` (the authors' order and template,
+Prompts: ``dflash2_gguf.bench.prompt_sets.load_prompts(dataset, n)`` (the authors' order and template,
 the same as ``dflash2-gguf bench --dataset``; first user turn only), the target's chat template,
 greedy, a fixed draft length (every cycle verifies the whole block: the adaptive policy would stop
 drafting on this CPU and leave nothing to measure). Prints one JSON line per drafter and prompt
@@ -34,7 +34,7 @@ def main() -> int:
     p.add_argument("--datasets", default="gsm8k", help="comma-separated prompt sets (bench's --dataset names)")
     a = p.parse_args()
     from dflash2_gguf.decoder.api import DFlashDecoder
-    from dflash2_gguf.prompt_sets import load_prompts
+    from dflash2_gguf.bench.prompt_sets import load_prompts
 
     target = a.target
     if target is None:

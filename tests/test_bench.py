@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 
-from dflash2_gguf import bench
+from dflash2_gguf.bench import cli as bench
 
 MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from dflash2_gguf import bench
-from dflash2_gguf import bench_compare as bc
-from dflash2_gguf.bench_stats import RequestResult, summarize
+from dflash2_gguf.bench import cli as bench
+from dflash2_gguf.bench import compare as bc
+from dflash2_gguf.bench.stats import RequestResult, summarize
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -111,7 +111,7 @@ def test_requested_comparisons_pass_their_checks_without_the_repo(tmp_path):
     bins = _fake_tools(tmp_path / "bin")
     body = """
         import json
-        from dflash2_gguf.bench_compare import check_side_by_side
+        from dflash2_gguf.bench.compare import check_side_by_side
         print(json.dumps(str(check_side_by_side(upstream=True, prompt_lookup=True))))
         """
     proc = _run_installed(tmp_path, body, env={"DFLASH2_GGUF_UPSTREAM_BIN": str(bins)})

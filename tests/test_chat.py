@@ -209,7 +209,7 @@ def test_smollm2_gsm8k_prompt_is_llama_servers_87_tokens(smollm2_gguf):
     libllama's built-in template guess gave 66; the difference is the template's default system
     message. GSM8K test row 30 with the benchmark's math suffix is one such request."""
     from dflash2_gguf import assets
-    from dflash2_gguf.bench import format_turns
+    from dflash2_gguf.bench.cli import format_turns
     from dflash2_gguf.chat.templates import render_builtin
 
     rows = [json.loads(line) for line in open(assets.fetch("gsm8k-test"), encoding="utf-8")]

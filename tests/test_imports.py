@@ -1,5 +1,5 @@
 """Imports run one way: ``cli`` dispatches to the subcommands and nothing imports it back; the
-shared flags (:mod:`dflash2_gguf.options`) and the prompt sets (:mod:`dflash2_gguf.prompt_sets`)
+shared flags (:mod:`dflash2_gguf.options`) and the prompt sets (:mod:`dflash2_gguf.bench.prompt_sets`)
 are leaves; the package never reaches into the repository's ``benchmarks/`` or ``scripts/``
 (a wheel has neither)."""
 
@@ -16,9 +16,9 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "dflash2_gguf"
 
 #: The modules of the command layer, each imported first in its own interpreter.
-MODULES = ["dflash2_gguf.cli", "dflash2_gguf.bench", "dflash2_gguf.bench_run", "dflash2_gguf.bench_compare",
-           "dflash2_gguf.bench_report", "dflash2_gguf.bench_stats", "dflash2_gguf.server.__main__",
-           "dflash2_gguf.options", "dflash2_gguf.decoder.params", "dflash2_gguf.prompt_sets", "dflash2_gguf.train.cli"]
+MODULES = ["dflash2_gguf.cli", "dflash2_gguf.bench.cli", "dflash2_gguf.bench.run", "dflash2_gguf.bench.compare",
+           "dflash2_gguf.bench.report", "dflash2_gguf.bench.stats", "dflash2_gguf.server.__main__",
+           "dflash2_gguf.options", "dflash2_gguf.decoder.params", "dflash2_gguf.bench.prompt_sets", "dflash2_gguf.train.cli"]
 
 
 def _python(code: str) -> dict:
@@ -42,16 +42,16 @@ def test_leaves_and_subcommands_do_not_import_cli():
     their parsers without importing ``dflash2_gguf.cli`` (nor anything native)."""
     got = _python(
         "import argparse, json, sys\n"
-        "from dflash2_gguf import options, prompt_sets\n"
+        "from dflash2_gguf import options\nfrom dflash2_gguf.bench import prompt_sets\n"
         "p = argparse.ArgumentParser(); options.add_model_args(p); options.add_sampling_args(p)\n"
         "a = p.parse_args(['-m', 't.gguf', '-md', 'd.gguf']); options.decoder_kwargs(a); options.sampling_from_args(a)\n"
         "leaf = sorted(m for m in sys.modules if m.startswith('dflash2_gguf'))\n"
-        "from dflash2_gguf import bench\n"
+        "from dflash2_gguf.bench import cli as bench\n"
         "from dflash2_gguf.server.__main__ import add_arguments\n"
         "bench.add_bench_args(argparse.ArgumentParser()); add_arguments(argparse.ArgumentParser())\n"
         "print(json.dumps(dict(leaf=leaf, after=sorted(m for m in sys.modules if m.startswith(('dflash2_gguf', "
         "'llama_cpp', 'benchmarks'))))))")
-    assert set(got["leaf"]) <= {"dflash2_gguf", "dflash2_gguf.options", "dflash2_gguf.prompt_sets",
+    assert set(got["leaf"]) <= {"dflash2_gguf", "dflash2_gguf.options", "dflash2_gguf.bench", "dflash2_gguf.bench.prompt_sets",
                                 "dflash2_gguf.decoder", "dflash2_gguf.decoder.params", "dflash2_gguf.decoder.sampling",
                                 "dflash2_gguf.chat", "dflash2_gguf.chat.grammar"}, got["leaf"]
     after = set(got["after"])

@@ -374,7 +374,7 @@ def test_generator_reproduces_the_committed_file(tmp_path):
 def test_bench_flags_reach_run_bench(monkeypatch, capsys):
     """bench's sampling and draft flags come from the table and reach the run (default: temperature
     only, as before); a side-by-side comparison refuses sampling it cannot reproduce."""
-    from dflash2_gguf import bench
+    from dflash2_gguf.bench import cli as bench
     from dflash2_gguf.cli import main
 
     seen = {}

@@ -33,7 +33,7 @@ def test_mix_is_disjoint_from_every_benchmark_set(bench):
 
 def test_overlap_check_finds_benchmark_prompts(bench):
     """Negative control: a row of each benchmark set, as the benchmark renders it or raw, is found."""
-    from dflash2_gguf.prompt_sets import format_turns, load_rows
+    from dflash2_gguf.bench.prompt_sets import format_turns, load_rows
     from dflash2_gguf.train.prompt_mix import MBPP_TEST_TASK_IDS, benchmark_overlap, family_prompts
 
     found = []
@@ -123,7 +123,7 @@ def test_word_math_is_beside_the_mix_and_disjoint_from_every_benchmark_set(bench
     """`capture --prompts word-math`: the ASDiv / SVAMP / MAWPS word problems, each text once, with
     GSM8K's template, shuffled, family ``word-math``; no benchmark prompt, no prompt of the mix
     (whose order the committed answers are keyed by, and which it leaves as it was)."""
-    from dflash2_gguf.prompt_sets import MATH_SUFFIX
+    from dflash2_gguf.bench.prompt_sets import MATH_SUFFIX
     from dflash2_gguf.train.cli import load_prompt_families
     from dflash2_gguf.train.prompt_mix import WORD_MATH, benchmark_overlap, prompt_mix, word_math_mix
 
@@ -147,7 +147,7 @@ def test_word_math_is_beside_the_mix_and_disjoint_from_every_benchmark_set(bench
 
 def test_word_math_drops_a_benchmark_question(monkeypatch):
     """Negative control: a GSM8K test question among the word problems is left out."""
-    from dflash2_gguf.prompt_sets import load_rows
+    from dflash2_gguf.bench.prompt_sets import load_rows
     from dflash2_gguf.train import prompt_mix
 
     leak = load_rows("gsm8k")[11]["question"]

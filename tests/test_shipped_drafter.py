@@ -57,7 +57,7 @@ def test_acceptance_on_gsm8k_test_prompts(native_ext, smollm2_gguf):
     """3 GSM8K test prompts x 64 new tokens at T=0: acceptance length (bonus included, pooled)
     at least 1.8, where the untrained drafter of the same shape gets 1.0."""
     from dflash2_gguf.decoder.api import DFlashDecoder
-    from dflash2_gguf.bench import load_prompts
+    from dflash2_gguf.bench.cli import load_prompts
 
     committed = passes = 0
     with DFlashDecoder(smollm2_gguf, GGUF, n_ctx=1024, n_threads=2) as dec:

@@ -21,7 +21,7 @@ Two steps, each resumable on its own::
         --shards 'held-out/*.safetensors'
 
 ``--prompts`` is ``mix`` (:mod:`dflash2_gguf.train.prompt_mix`, disjoint from every benchmark set),
-a prompt set of :mod:`dflash2_gguf.prompt_sets` (the one table ``bench`` uses:
+a prompt set of :mod:`dflash2_gguf.bench.prompt_sets` (the one table ``bench`` uses:
 gsm8k-train, gsm8k, math500, humaneval, mbpp, mt-bench; asset names such as gsm8k-test work too),
 a ``.jsonl`` file (field turns / prompt / question / problem / text / instruction) or a text file
 with one prompt per line; each picked row gives its first user turn, the authors' template applied
@@ -91,7 +91,7 @@ def load_prompt_families(spec: str, limit: int | None = None, seed: int = 42, *,
 def load_prompts(spec: str, limit: int | None = None, seed: int = 42) -> list[str]:
     """Training prompts: ``"mix"`` (:mod:`dflash2_gguf.train.prompt_mix`: prompt families disjoint
     from every benchmark set), ``"word-math"`` (the word problems beside it), or the first user
-    turn of the rows of prompt set ``spec`` (a name of :data:`dflash2_gguf.prompt_sets.DATASETS`,
+    turn of the rows of prompt set ``spec`` (a name of :data:`dflash2_gguf.bench.prompt_sets.DATASETS`,
     an asset name such as ``gsm8k-test``, a ``.jsonl`` file or a text file with one prompt per
     line), with the authors' templates, picked as the benchmark picks them
     (``random.Random(seed).shuffle``) and cut to ``limit`` (None or 0: all).
@@ -99,7 +99,7 @@ def load_prompts(spec: str, limit: int | None = None, seed: int = 42) -> list[st
     Raises:
         SystemExit: an unknown set or a row without a prompt (the message names the sets).
     """
-    from ..prompt_sets import first_turns
+    from ..bench.prompt_sets import first_turns
 
     if spec in ("mix", "word-math"):
         return load_prompt_families(spec, limit, seed)[0]

@@ -1,7 +1,7 @@
 """The training prompt mix: prompt families disjoint from every benchmark set.
 
 Families (each row's first user turn, with the DFlash authors' template of its set,
-:mod:`dflash2_gguf.prompt_sets`):
+:mod:`dflash2_gguf.bench.prompt_sets`):
 
 - ``math``: all 7473 GSM8K-train questions (asset ``gsm8k-train``);
 - ``code``: MBPP's train and validation tasks (task ids 601-974 and 511-600 of the original
@@ -105,7 +105,7 @@ def _norm(text: str) -> str:
 
 
 def _mbpp_rows(task_ids: Iterable[int]) -> list:
-    from ..prompt_sets import load_rows
+    from ..bench.prompt_sets import load_rows
 
     keep = set(task_ids)
     return [r for r in load_rows("mbpp") if int(r["task_id"]) in keep]
@@ -142,14 +142,14 @@ def word_math_problems() -> list:
 
 def word_math_mix(*, seed: int = 42) -> list:
     """``(WORD_MATH, prompt)`` pairs: :func:`word_math_problems` with GSM8K's template (the
-    authors' math template, :data:`dflash2_gguf.prompt_sets.MATH_SUFFIX`), shuffled with
+    authors' math template, :data:`dflash2_gguf.bench.prompt_sets.MATH_SUFFIX`), shuffled with
     ``random.Random(seed)`` (any prefix mixes the three sources); a text that is a benchmark
     set's (:func:`benchmark_overlap`) is dropped.
 
     Raises:
         dflash2_gguf.assets.AssetError: as :func:`word_math_problems`.
     """
-    from ..prompt_sets import MATH_SUFFIX
+    from ..bench.prompt_sets import MATH_SUFFIX
 
     bench = benchmark_texts()
     pairs = [(WORD_MATH, t + MATH_SUFFIX) for t in word_math_problems()
@@ -160,7 +160,7 @@ def word_math_mix(*, seed: int = 42) -> list:
 
 def family_prompts(family: str) -> list:
     """The first user turns of one family, file order (see the module docstring)."""
-    from ..prompt_sets import format_turns, load_rows
+    from ..bench.prompt_sets import format_turns, load_rows
 
     if family == "math":
         return [format_turns("gsm8k-train", r)[0] for r in load_rows("gsm8k-train")]
@@ -174,7 +174,7 @@ def family_prompts(family: str) -> list:
 def benchmark_texts() -> set:
     """Every user turn of every benchmark set (:data:`BENCHMARK_SETS`), whitespace and case
     folded, with and without the authors' templates (the raw question / task text too)."""
-    from ..prompt_sets import format_turns, load_rows
+    from ..bench.prompt_sets import format_turns, load_rows
 
     out = set()
     for name in BENCHMARK_SETS:

@@ -2,8 +2,8 @@
 
 For each request, the target alone and the target with the drafter run through the SAME decoder
 object and the same native loop (``use_drafter=False`` / ``True``), after a warmup of both; the
-figures go through :mod:`.bench_stats`, the files through :mod:`.bench_report`, and the optional
-side-by-side runs through :mod:`.bench_compare`.
+figures go through :mod:`.stats`, the files through :mod:`.report`, and the optional
+side-by-side runs through :mod:`.compare`.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import sys
 import time
 from typing import Optional
 
-from .bench_compare import check_side_by_side, side_by_side
-from .bench_report import write_report
-from .bench_stats import RequestResult, first_mismatch, nan_to_none, run_dict, summarize
-from .chat.templates import chat_prompt_ids
+from .compare import check_side_by_side, side_by_side
+from .report import write_report
+from .stats import RequestResult, first_mismatch, nan_to_none, run_dict, summarize
+from ..chat.templates import chat_prompt_ids
 from .prompt_sets import load_prompts
 
 __all__ = ["run_sweep", "sweep_markdown", "policy_summary", "run_bench", "ComparisonFailed"]
@@ -36,7 +36,7 @@ class ComparisonFailed(RuntimeError):
 def _base_sampling(sampling, temperature: float, seed: int):
     """The base :class:`SamplingParams` of a run: ``sampling`` (its seed None -> ``seed``), else
     temperature-only sampling (top-k / top-p / min-p off) at ``temperature``."""
-    from .decoder.sampling import SamplingParams
+    from ..decoder.sampling import SamplingParams
 
     if sampling is None:
         return SamplingParams(temperature=float(temperature), top_k=0, top_p=1.0, min_p=0.0, seed=int(seed))
@@ -75,7 +75,7 @@ def run_bench(
 
     Args:
         target / drafter: GGUF paths.
-        dataset: A key of :data:`~dflash2_gguf.prompt_sets.DATASETS` or a file (see there).
+        dataset: A key of :data:`~dflash2_gguf.bench.prompt_sets.DATASETS` or a file (see there).
         n_prompts: Prompts picked (``random.Random(42).shuffle``).
         max_new_tokens: Per request.
         temperature: 0 = greedy (then the token equality check applies); T > 0 samples with
@@ -88,7 +88,7 @@ def run_bench(
         decoder_kwargs: More :class:`~dflash2_gguf.decoder.api.DFlashDecoder` keywords.
         warmup: Run one short generation of each configuration first.
         upstream: Also run upstream's ``llama-speculative-simple`` / ``llama-completion``
-            (:mod:`.bench_compare`; the binaries must be built, see there).
+            (:mod:`.compare`; the binaries must be built, see there).
         prompt_lookup: Also run llama-cpp-python with and without ``LlamaPromptLookupDecoding``.
         progress: tqdm bar on stderr.
         adaptive: The drafter runs with the adaptive draft length (``generate(adaptive=...)``;
@@ -104,8 +104,8 @@ def run_bench(
         ComparisonFailed: a requested comparison failed while running; the files of ``out`` are
             written first and the report is the exception's ``report``.
     """
-    from .decoder.api import DFlashDecoder
-    from .decoder.sampling import SamplingParams
+    from ..decoder.api import DFlashDecoder
+    from ..decoder.sampling import SamplingParams
 
     bins = check_side_by_side(upstream=upstream, prompt_lookup=prompt_lookup)
     prompts = load_prompts(dataset, n_prompts)
@@ -247,7 +247,7 @@ def run_sweep(
         ngram-simple, ngram-mod, context drafts, mix (default), and ``"mix_vs_alone"`` /
         ``"context_vs_alone"``.
     """
-    from .decoder.api import DFlashDecoder
+    from ..decoder.api import DFlashDecoder
 
     base_sp = _base_sampling(sampling, temperature, seed)
     temperature, seed = base_sp.temperature, base_sp.seed

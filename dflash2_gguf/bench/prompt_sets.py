@@ -56,7 +56,7 @@ def _read_lines(path: Path) -> list:
 
 def _asset_loader(name: str) -> Callable[[], list]:
     def load() -> list:
-        from .assets import fetch
+        from ..assets import fetch
 
         return _read_jsonl(fetch(name))
 

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from .options import FLASH_ATTN
+from ..options import FLASH_ATTN
 
 __all__ = ["markdown_table", "plot_per_position", "write_report", "fmt"]
 

@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .bench_report import fmt
-from .bench_stats import ratio
+from .report import fmt
+from .stats import ratio
 
 __all__ = [
     "UPSTREAM_COMMIT", "UPSTREAM_TOOLS", "ComparisonUnavailable", "UpstreamRun", "upstream_bin_dir",
@@ -54,7 +54,7 @@ class ComparisonUnavailable(RuntimeError):
 
 def default_upstream_bin_dir() -> Path:
     """``<cache>/upstream-0c1e570/bin``: where ``python -m benchmarks.upstream_driver`` puts the tools."""
-    from .assets import cache_dir
+    from ..assets import cache_dir
 
     return cache_dir() / f"upstream-{UPSTREAM_COMMIT}" / "bin"
 

@@ -14,7 +14,7 @@ the DFlash papers do, after the authors' ``dflash/benchmark.py``):
 - tokens/s of both runs and the speedup = time per output token without / with the drafter;
 - at T = 0, the number of requests whose tokens differ between the two runs (must be 0).
 
-Prompts come from :data:`dflash2_gguf.prompt_sets.DATASETS`, the table training capture uses too
+Prompts come from :data:`dflash2_gguf.bench.prompt_sets.DATASETS`, the table training capture uses too
 (the authors' prompt templates, rendered with the target's
 chat template; MT-Bench is multi-turn: the second turn follows the model's first answer) and are
 picked with ``random.Random(42).shuffle`` as the authors do. Results go to ``--out``:
@@ -22,18 +22,18 @@ picked with ``random.Random(42).shuffle`` as the authors do. Results go to ``--o
 
 Optional side-by-side runs (``--upstream``: upstream's ``llama-speculative-simple`` /
 ``llama-completion`` of llama.cpp 0c1e570; ``--prompt-lookup``: llama-cpp-python's prompt-lookup
-decoding) are in :mod:`.bench_compare`; one that cannot run stops the command with the reason
+decoding) are in :mod:`.compare`; one that cannot run stops the command with the reason
 and the fix.
 
 Modules, imports one way (each imports only those below it):
 
 - this module: the flags and :func:`run_from_args` (what ``dflash2-gguf bench`` dispatches to),
   and the public names of the others;
-- :mod:`.bench_run`: the run loop :func:`run_bench`;
-- :mod:`.bench_compare`: the side-by-side runs;
-- :mod:`.bench_report`: ``bench.json`` / ``bench.md`` / the per-position plot;
-- :mod:`.bench_stats`: tau, the histogram, per-position acceptance, tokens/s and speedups;
-- :mod:`dflash2_gguf.prompt_sets` and :mod:`dflash2_gguf.options` (leaf modules of the package).
+- :mod:`.run`: the run loop :func:`run_bench`;
+- :mod:`.compare`: the side-by-side runs;
+- :mod:`.report`: ``bench.json`` / ``bench.md`` / the per-position plot;
+- :mod:`.stats`: tau, the histogram, per-position acceptance, tokens/s and speedups;
+- :mod:`.prompt_sets` and :mod:`dflash2_gguf.options` (leaf modules of the package).
 
 Nothing here imports native code or llama_cpp at import time.
 """
@@ -45,11 +45,11 @@ import os
 import sys
 from pathlib import Path
 
-from .bench_compare import ComparisonUnavailable
-from .bench_report import markdown_table, plot_per_position, write_report
-from .bench_run import ComparisonFailed, run_bench
-from .bench_stats import RequestResult, committed_per_pass, summarize
-from .options import add_model_args, add_sampling_args, decoder_kwargs
+from .compare import ComparisonUnavailable
+from .report import markdown_table, plot_per_position, write_report
+from .run import ComparisonFailed, run_bench
+from .stats import RequestResult, committed_per_pass, summarize
+from ..options import add_model_args, add_sampling_args, decoder_kwargs
 from .prompt_sets import DATASETS, DatasetSpec, format_turns, load_prompts, load_rows
 
 __all__ = [
@@ -99,7 +99,7 @@ def run_from_args(args) -> int:
         raise ValueError("bench needs a drafter (-md DRAFT.gguf)")
     if args.n_prompts < 1:
         raise ValueError("--n-prompts must be >= 1")
-    from .decoder.params import sampling_from_values, select, values_from_args
+    from ..decoder.params import sampling_from_values, select, values_from_args
 
     vals = values_from_args(args, "bench")
     sp = sampling_from_values(vals)  # ValueError names a bad value
@@ -115,7 +115,7 @@ def run_from_args(args) -> int:
            if k not in {p.name for p in select(group="sampling")} | {"max_tokens", "n_draft_max", "adaptive"}}
     dkw = {k: v for k, v in decoder_kwargs(args).items() if k not in ("n_ctx", "n_threads")}
     if args.sweep:
-        from .bench_run import run_sweep, sweep_markdown
+        from .run import run_sweep, sweep_markdown
 
         rep = run_sweep(args.model, md, args.dataset, n_prompts=args.n_prompts, max_new_tokens=args.max_tokens,
                         temperature=sp.temperature, seed=seed, n_threads=args.threads, n_ctx=args.ctx_size,
