@@ -6,7 +6,11 @@ Layout (after mlx-lm's one-thread-owns-the-model server, without llama-cpp-pytho
 - :mod:`.errors`: the OpenAI error shape and the app's exception handlers.
 - :mod:`.worker`: one thread owns the decoder and a request queue; a response queue per request.
 - :mod:`.metrics`: counters and their Prometheus text.
-- :mod:`.app`: :func:`create_app(settings) <dflash2_gguf.server.app.create_app>`, the endpoints.
+- :mod:`.app`: :func:`create_app(settings) <dflash2_gguf.server.app.create_app>`, the settings,
+  the request handling the endpoints share, the middleware.
+- :mod:`.routes_llama`, :mod:`.routes_openai`, :mod:`.routes_anthropic`: the endpoints, one
+  router per API; :mod:`.responses_api` and :mod:`.messages_api` translate the Responses and
+  Messages APIs into chat requests; :mod:`.compat`: prompts, chat and sampling semantics.
 - :mod:`.web`: the web page at ``/`` (files in ``webui/``), CORS as llama-server answers it, the
   stream's draft marks.
 - :mod:`.__main__`: the ``serve`` flags (llama-server's names) and the uvicorn entry.

@@ -1,30 +1,18 @@
 """The FastAPI app: :func:`create_app` builds one app around one :class:`Worker` (no globals).
 
-Endpoints, as llama-server's README and tools/server/server.cpp at llama.cpp 0c1e570 route them:
+Here: the settings (:class:`ServerSettings`), the request handling the endpoints share
+(:class:`Service`: request -> jobs, streaming, chat turns), the middleware (API keys, OPTIONS),
+the app's lifespan. The endpoints, as llama-server's README and tools/server/server.cpp at
+llama.cpp 0c1e570 route them, one router per API:
 
-- ``GET /health`` (``/v1/health``): 200 ``{"status": "ok"}`` when every slot has its model; 503
-  ``unavailable_error`` while loading, after a failed load, or when a slot thread died.
-- ``GET /v1/models`` (``/models``): the served model with ``aliases``, ``tags`` and ``meta``
-  (``n_ctx``, ``n_ctx_train``, ``n_vocab``, ``n_embd``, ``n_params``, ``size``, ``vocab_type``,
-  ``ftype``, plus ours: ``target``, ``drafter``, ``spec_type``, ``n_draft_max``).
-- ``POST /v1/completions``: OpenAI text completion; ``POST /v1/chat/completions`` and
-  ``/chat/completions``: OpenAI chat completion. SSE streaming ends with ``data: [DONE]``; each
-  response (the last chunk when streaming, every chunk with ``timings_per_token``) carries
-  llama-server's ``timings`` with ``draft_n`` / ``draft_n_accepted`` and our ``acceptance_length``.
-- ``POST /completion`` and ``/completions``: llama-server's native completion (its stream has no
-  ``[DONE]`` line). Several prompts (or ``n`` > 1) give an array of results.
-- ``POST /tokenize``, ``/detokenize``, ``/apply-template``; ``GET /props`` (``POST /props``:
-  501), ``GET /slots`` (``?fail_on_no_slot=1``; 501 with ``--no-slots``).
-- ``GET /metrics``: Prometheus text (see :mod:`.metrics`), always on (llama-server needs
-  ``--metrics``).
-- Agents (issue 13): chat ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` and reasoning
-  (:mod:`dflash2_gguf.chat.output`); ``POST /v1/responses`` (OpenAI Responses API, :mod:`.responses_api`) and
-  ``POST /v1/messages`` (Anthropic Messages API, :mod:`.messages_api`), both translated into a
-  chat request and run through the same pipeline; token counts ``/v1/responses/input_tokens``,
-  ``/v1/chat/completions/input_tokens`` (both also without ``/v1``, as llama-server routes them),
-  ``/v1/messages/count_tokens``.
-- Not served (404, documented out of scope): embeddings, reranking, infill, LoRA adapters, slot
-  save/restore, router mode, ``/v1/chat/completions/control``.
+- :mod:`.routes_llama`: llama-server's own (``/health``, ``/props``, ``/slots``, ``/metrics``,
+  ``/tokenize``, ``/detokenize``, ``/apply-template``, ``/completion``);
+- :mod:`.routes_openai`: OpenAI's (``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
+  ``/v1/responses``, the token counts), agents' tools and reasoning included
+  (:mod:`dflash2_gguf.chat.output`);
+- :mod:`.routes_anthropic`: Anthropic's (``/v1/messages``, ``/v1/messages/count_tokens``);
+- not served (404, documented out of scope): embeddings, reranking, infill, LoRA adapters, slot
+  save/restore, router mode, ``/v1/chat/completions/control``;
 - ``GET /`` (``/index.html``, ``/webui/<asset>``): the web page (:mod:`.web`), public.
 
 Requests: bodies are parsed as JSON whatever their ``Content-Type`` (``curl -d`` sends
@@ -54,27 +42,25 @@ import logging
 import math
 import secrets
 import time
-import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Mapping, Optional, Sequence
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 
-from . import compat, messages_api, responses_api, web
+from . import compat, web
 from ..chat.output import ChatOutput, ToolPlan, finish_reason_for, plan_tools
 from .context import ModelInfo, read_model_info
-from .errors import APIError, error_body, error_response, from_exception, install_error_handlers, validation_error
+from .errors import APIError, error_response, from_exception, install_error_handlers, validation_error
 from .metrics import Metrics
 from ..decoder.params import PARAMS, effective_spec_types, table_fields
-from .types import (ApplyTemplateRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                    LlamaCompletionRequest, TokenizeRequest)
+from .types import ChatCompletionRequest
 from .worker import Job, Worker
 
-__all__ = ["ServerSettings", "create_app", "PUBLIC_PATHS", "BUILD_INFO"]
+__all__ = ["ServerSettings", "Service", "create_app", "PUBLIC_PATHS", "BUILD_INFO"]
 
 log = logging.getLogger("dflash2_gguf.server")
 
@@ -403,7 +389,7 @@ class ChatTurn:
 
 # ---------------------------------------------------------------------------- service
 
-class _Service:
+class Service:
     """Request handling shared by the endpoints (bound to one app's settings and worker)."""
 
     def __init__(self, settings: ServerSettings, worker: Worker, metrics: Metrics, info: ModelInfo) -> None:
@@ -769,6 +755,71 @@ class _Service:
                 j.cancel()
             raise
 
+    # ------------------------------------------------------------------ shared by the endpoints
+
+    def vocab_decoder(self) -> Any:
+        """The decoder whose vocabulary answers /tokenize and friends.
+
+        Raises:
+            APIError: 503 while the model loads, after a failed load or when a slot died.
+        """
+        if not self.worker.alive or self.worker.decoder is None:
+            raise APIError(503, self.worker.unavailable_reason(), "unavailable_error", None, "unavailable")
+        return self.worker.decoder
+
+    def verbose_of(self, body: Any) -> bool:
+        """Whether a response carries llama-server's ``__verbose`` (``-v`` or the request's)."""
+        return self.settings.verbose or body.verbose
+
+    def native_final(self, c: _Choice, body: Any, index: int, *, stream: bool) -> dict:
+        """llama-server's final ``/completion`` object of choice ``c`` (``stream``: the stream's
+        last event, without tokens and probabilities), cut to ``response_fields`` if given."""
+        st = c.stats
+        stop_type = _STOP_TYPE.get(st.stop_reason, "eos")
+        gs = dict(c.job.params)
+        out = {
+            "index": index, "content": c.text, "tokens": c.tokens if (body.return_tokens and not stream) else [],
+            "id_slot": c.job.info.get("id_slot", 0), "stop": True, "model": self.settings.model_id,
+            "tokens_predicted": st.n_generated, "tokens_evaluated": st.n_prompt, "generation_settings": gs,
+            "prompt": c.job.info.get("prompt", ""), "has_new_line": "\n" in c.text,
+            "truncated": st.stop_reason == "context", "stop_type": stop_type,
+            "stopping_word": self.stopping_word(c.tokens, body.stop_list, st.stop_reason),
+            "tokens_cached": _n_cached(st), "timings": _timings(st),
+        }
+        if c.logprobs and not stream:
+            out["completion_probabilities"] = c.logprobs
+        return compat.nested_fields(body.response_fields, out) if body.response_fields else out
+
+    async def generate(self, body: Any, request: Request, prepares: list):
+        """Submit one job per prepared prompt: ``(done choices, jobs)``, or ``(None, jobs)`` when
+        streaming (once the first job has its first result, so that errors stay 4xx)."""
+        self.check_n(body)
+        jobs = self.submit_all(body, prepares)
+        if not body.stream:
+            return await self.collect_all(jobs, request), jobs
+        await self.start_stream(jobs)
+        return None, jobs
+
+    async def start_chat(self, body: ChatCompletionRequest, request: Request) -> tuple:
+        """Submit a chat request: ``(done choices or None when streaming, jobs, tool plan)``."""
+        plan = await asyncio.to_thread(self.tool_plan, body)
+        prep = self.make_prepare(body, messages=body.template_messages(), chat=_chat_opts(body, self.settings),
+                                tool_grammar=plan.grammar)
+        done, jobs = await self.generate(body, request, [prep])
+        return done, jobs, plan
+
+    async def count_chat_tokens(self, body: ChatCompletionRequest) -> int:
+        """Prompt tokens of a chat request as it would be fed (rendered with tools, tokenized)."""
+        dec = self.vocab_decoder()
+        opts = _chat_opts(body, self.settings)
+
+        def work():
+            text = compat.render_chat(dec, body.template_messages(), template=self.settings.chat_template,
+                                      jinja=self.settings.jinja, **opts)
+            return len(dec.tokenize(text, add_special=True, parse_special=True))
+
+        return await asyncio.to_thread(work)
+
 
 # ---------------------------------------------------------------------------- app
 
@@ -786,7 +837,7 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
     metrics = Metrics()
     worker = Worker(load or settings.load_decoder, metrics, max_queue=settings.max_queue, n_slots=settings.n_slots)
     info = read_model_info(settings.model)
-    svc = _Service(settings, worker, metrics, info)
+    svc = Service(settings, worker, metrics, info)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -814,484 +865,13 @@ def create_app(settings: ServerSettings, *, load: Optional[Callable[[], Any]] = 
     # CORS outermost: preflights are answered before auth, errors carry the CORS headers too.
     web.install(app, settings)  # and the web page at /
 
-    # ------------------------------------------------------------------ info
-
-    @app.get("/health")
-    @app.get("/v1/health")
-    async def health():
-        """200 when every slot is alive with a loaded model, else 503."""
-        if worker.alive:
-            return {"status": "ok", "slots_idle": settings.n_slots - worker.busy, "slots_processing": worker.busy,
-                    "queued": worker.queued}
-        return error_response(APIError(503, worker.unavailable_reason(), "unavailable_error", None, "unavailable"))
-
-    created = int(time.time())
-
-    def model_entry() -> dict:
-        vt = {"llama": 1, "gpt2": 2, "bert": 3, "t5": 4, "rwkv": 5, "plamo2": 6}
-        return {
-            "id": settings.model_id, "aliases": settings.aliases, "tags": settings.tag_list, "object": "model",
-            "created": created, "owned_by": "llamacpp",
-            "meta": {"vocab_type": vt.get(info.tokenizer_model, 0), "n_vocab": info.n_vocab, "n_ctx": settings.n_ctx,
-                     "n_ctx_train": info.n_ctx_train, "n_embd": info.n_embd, "n_params": info.n_params,
-                     "size": info.size, "ftype": info.ftype,
-                     "target": Path(settings.model).name,
-                     "drafter": Path(settings.model_draft).name if settings.model_draft else None,
-                     "spec_type": ",".join(effective_spec_types(settings.spec_type, settings.model_draft is not None))
-                                  or "none",
-                     "n_draft_max": settings.n_draft_max},
-        }
-
-    @app.get("/v1/models")
-    @app.get("/models")
-    async def models():
-        """The served model (llama-server's shape: ``models`` and ``data``)."""
-        m = model_entry()
-        return {"models": [{"name": m["id"], "model": m["id"], "modified_at": "", "size": "", "digest": "",
-                            "type": "model", "description": "", "tags": m["tags"] or [""],
-                            "capabilities": ["completion"], "parameters": "",
-                            "details": {"parent_model": "", "format": "gguf", "family": "", "families": [""],
-                                        "parameter_size": "", "quantization_level": ""}}],
-                "object": "list", "data": [m]}
-
-    def default_params() -> dict:
-        return svc.job_params(LlamaCompletionRequest(prompt=""), settings.max_tokens)
-
-    caps_cache: list = []
-
-    def template_caps() -> dict:
-        """``chat_template_caps`` of the served template (see :func:`compat.template_caps`),
-        computed once."""
-        if not caps_cache:
-            caps_cache.append(compat.template_caps(settings.model, settings.chat_template))
-        return caps_cache[0]
-
-    @app.get("/props")
-    async def props():
-        """llama-server's ``GET /props`` (``default_generation_settings`` is ``{params, n_ctx}``
-        with the ``/slots`` view of the params, as server-context.cpp at 0c1e570 builds it)."""
-        caps = await asyncio.to_thread(template_caps)
-        return {
-            "default_generation_settings": {"params": metrics_params(default_params()), "n_ctx": settings.n_ctx},
-            "total_slots": settings.n_slots, "model_alias": settings.model_id, "model_ftype": info.ftype,
-            "model_path": settings.model,
-            "modalities": {"vision": False, "video": False, "audio": False},
-            "media_marker": None, "endpoint_slots": settings.endpoint_slots, "endpoint_props": False,
-            "endpoint_metrics": True, "ui": settings.ui, "ui_settings": {},
-            "chat_template": settings.chat_template if settings.chat_template is not None else info.chat_template,
-            "chat_template_caps": caps, "bos_token": info.bos_token, "eos_token": info.eos_token,
-            "build_info": BUILD_INFO, "is_sleeping": False, "cors_proxy_enabled": False,
-        }
-
-    @app.post("/props")
-    async def props_post():
-        """Changing global properties is not supported (llama-server needs ``--props`` for it)."""
-        raise APIError(501, "changing global properties (POST /props) is not supported by this server",
-                       "not_supported_error", None, "not_supported")
-
-    @app.get("/slots")
-    async def slots(request: Request):
-        """llama-server's ``GET /slots`` (``?fail_on_no_slot=1``: 503 when no slot is free)."""
-        if not settings.endpoint_slots:
-            raise APIError(501, "This server does not support slots endpoint. Start it with `--slots`",
-                           "not_supported_error", None, "not_supported")
-        if request.query_params.get("fail_on_no_slot") not in (None, "", "0", "false") and \
-                all(s.busy for s in worker.slots):
-            raise APIError(503, "no slot available", "unavailable_error", None, "unavailable")
-        out = []
-        for s in worker.slots:
-            job, last = s.job, s.last_job
-            e = {"id": s.id, "n_ctx": settings.n_ctx, "speculative": settings.model_draft is not None,
-                 "is_processing": job is not None}
-            if last is not None:  # llama-server: task fields once the slot has had a task
-                n_pred = s.last_params.get("n_predict", -1)
-                n_prompt = int(last.info.get("n_prompt", 0))
-                n_cached = int(last.info.get("n_cached", 0))
-                e.update({
-                    "id_task": last.id, "n_prompt_tokens": n_prompt,
-                    "n_prompt_tokens_processed": max(n_prompt - n_cached, 0), "n_prompt_tokens_cache": n_cached,
-                    "params": metrics_params(s.last_params),
-                    "next_token": [{"has_next_token": job is not None, "has_new_line": s.has_new_line,
-                                    "n_remain": (n_pred - s.n_decoded) if job is not None and n_pred >= 0 else -1,
-                                    "n_decoded": s.n_decoded}],
-                })
-            out.append(e)
-        return out
-
-    @app.get("/metrics")
-    async def prom():
-        """Prometheus text."""
-        return PlainTextResponse(metrics.prometheus(), media_type="text/plain; version=0.0.4")
-
-    # ------------------------------------------------------------------ vocabulary
-
-    def vocab_decoder() -> Any:
-        if not worker.alive or worker.decoder is None:
-            raise APIError(503, worker.unavailable_reason(), "unavailable_error", None, "unavailable")
-        return worker.decoder
-
-    @app.post("/tokenize")
-    async def tokenize(request: Request):
-        """llama-server's ``/tokenize`` (``add_special`` false, ``parse_special`` true by default)."""
-        body = await parse_body(request, TokenizeRequest)
-        dec = vocab_decoder()
-
-        def work():
-            if body.content is None:
-                return []
-            c = body.content
-            if isinstance(c, str):
-                toks = dec.tokenize(c, add_special=body.add_special, parse_special=body.parse_special)
-            else:
-                toks = []
-                for i, x in enumerate(c):
-                    toks += dec.tokenize(x, add_special=body.add_special and i == 0,
-                                         parse_special=body.parse_special) if isinstance(x, str) else [int(x)]
-            return [{"id": t, "piece": _piece(dec, t)} for t in toks] if body.with_pieces else toks
-
-        return {"tokens": await asyncio.to_thread(work)}
-
-    @app.post("/detokenize")
-    async def detokenize(request: Request):
-        """llama-server's ``/detokenize`` (special tokens rendered)."""
-        body = await parse_body(request, DetokenizeRequest)
-        dec = vocab_decoder()
-        nv = int(dec.n_vocab)
-        bad = [t for t in body.tokens if not 0 <= t < nv]
-        if bad:
-            raise APIError(400, f"token id {bad[0]} out of range [0, {nv})", "invalid_request_error", "tokens",
-                           "invalid_value")
-        return {"content": await asyncio.to_thread(dec.detokenize, body.tokens, True)}
-
-    @app.post("/apply-template")
-    async def apply_template(request: Request):
-        """llama-server's ``/apply-template``: the rendered chat prompt, no generation."""
-        body = await parse_body(request, ApplyTemplateRequest)
-        dec = vocab_decoder()
-        text = await asyncio.to_thread(compat.render_chat, dec, body.template_messages(),
-                                       template=settings.chat_template, jinja=settings.jinja,
-                                       **_chat_opts(body, settings))
-        return {"prompt": text}
-
-    # ------------------------------------------------------------------ generation
-
-    def verbose_of(body: Any) -> bool:
-        return settings.verbose or body.verbose
-
-    def native_final(c: _Choice, body: Any, index: int, *, stream: bool) -> dict:
-        st = c.stats
-        stop_type = _STOP_TYPE.get(st.stop_reason, "eos")
-        gs = dict(c.job.params)
-        out = {
-            "index": index, "content": c.text, "tokens": c.tokens if (body.return_tokens and not stream) else [],
-            "id_slot": c.job.info.get("id_slot", 0), "stop": True, "model": settings.model_id,
-            "tokens_predicted": st.n_generated, "tokens_evaluated": st.n_prompt, "generation_settings": gs,
-            "prompt": c.job.info.get("prompt", ""), "has_new_line": "\n" in c.text,
-            "truncated": st.stop_reason == "context", "stop_type": stop_type,
-            "stopping_word": svc.stopping_word(c.tokens, body.stop_list, st.stop_reason),
-            "tokens_cached": _n_cached(st), "timings": _timings(st),
-        }
-        if c.logprobs and not stream:
-            out["completion_probabilities"] = c.logprobs
-        return compat.nested_fields(body.response_fields, out) if body.response_fields else out
-
-    async def generate(body: Any, request: Request, prepares: list):
-        svc.check_n(body)
-        jobs = svc.submit_all(body, prepares)
-        if not body.stream:
-            return await svc.collect_all(jobs, request), jobs
-        await svc.start_stream(jobs)
-        return None, jobs
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        """OpenAI text completion (llama-server's prompt forms and fields)."""
-        metrics.request("/v1/completions")
-        body = await parse_body(request, CompletionRequest)
-        prompts = compat.split_prompts(body.prompt)
-        done, jobs = await generate(body, request, [svc.make_prepare(body, prompt=p) for p in prompts])
-        cid, now, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), settings.model_id
-
-        def obj(choices: list) -> dict:
-            return {"choices": choices, "created": now, "model": model, "system_fingerprint": BUILD_INFO,
-                    "object": "text_completion", "id": cid}
-
-        def choice(i: int, text: str, finish: Optional[str], lp=None) -> dict:
-            return {"text": text, "index": i, "logprobs": {"content": lp} if lp else None, "finish_reason": finish}
-
-        if done is not None:
-            out = obj([choice(i, c.text, _FINISH.get(c.stats.stop_reason, "stop"), c.logprobs)
-                       for i, c in enumerate(done)])
-            out["usage"] = _usage([c.stats for c in done])
-            out["timings"] = _timings(done[0].stats)
-            if verbose_of(body):
-                out["__verbose"] = native_final(done[0], body, 0, stream=False)
-            return out
-
-        def on_start(i, job):
-            lines = []
-            for pp in (_progress(job) if body.return_progress else []):
-                o = obj([choice(i, "", None)])
-                if body.timings_per_token:
-                    o["timings"] = _partial_timings(job, 0)
-                o["prompt_progress"] = pp
-                lines.append(_sse(o))
-            return lines
-
-        n_dec = {}
-
-        def on_chunk(i, job, ch):
-            n_dec[i] = n_dec.get(i, 0) + len(ch.tokens)
-            if not ch.text and not body.timings_per_token:
-                return []
-            lp = compat.format_probs(worker.decoder, getattr(ch, "logprobs", None) or [], body.post_sampling_probs)
-            o = obj([choice(i, ch.text, None, lp or None)])
-            if body.timings_per_token:
-                o["timings"] = _partial_timings(job, n_dec[i])
-            return [_sse(o)]
-
-        stats_seen = []
-
-        def on_done(i, job, st):
-            stats_seen.append(st)
-            last = obj([choice(i, "", _FINISH.get(st.stop_reason, "stop"))])
-            last["usage"] = _usage([st])  # llama-server: every final text-completion chunk has its usage
-            last["timings"] = _timings(st)
-            lines = [_sse(last)]
-            if body.include_usage and i == len(jobs) - 1:
-                u = obj([])
-                u["usage"] = _usage(stats_seen)
-                lines.append(_sse(u))
-            return lines
-
-        return _event_stream(svc.stream(jobs, on_chunk, on_done, on_start=on_start))
-
-    async def start_chat(body: ChatCompletionRequest, request: Request) -> tuple:
-        """Submit a chat request: ``(done choices or None when streaming, jobs, tool plan)``."""
-        plan = await asyncio.to_thread(svc.tool_plan, body)
-        prep = svc.make_prepare(body, messages=body.template_messages(), chat=_chat_opts(body, settings),
-                                tool_grammar=plan.grammar)
-        done, jobs = await generate(body, request, [prep])
-        return done, jobs, plan
-
-    app.state.start_chat = start_chat
     app.state.service = svc
+    app.state.start_chat = svc.start_chat
+    # the endpoints, one router per API (the route modules import this one: imported here)
+    from . import routes_anthropic, routes_llama, routes_openai
 
-    @app.post("/v1/chat/completions")
-    @app.post("/chat/completions")
-    async def chat(request: Request):
-        """OpenAI chat completion (prompt rendered with the chat template; tools and reasoning
-        parsed from the output, see :mod:`dflash2_gguf.chat.output`)."""
-        metrics.request("/v1/chat/completions")
-        body = await parse_body(request, ChatCompletionRequest)
-        done, jobs, plan = await start_chat(body, request)
-        cid, now, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), settings.model_id
-
-        def obj(choices: list, object_: str = "chat.completion.chunk") -> dict:
-            return {"choices": choices, "created": now, "id": cid, "model": model, "system_fingerprint": BUILD_INFO,
-                    "object": object_}
-
-        if done is not None:
-            choices = []
-            for i, c in enumerate(done):
-                t = svc.turn_of(c, body, plan)
-                msg: dict = {"role": "assistant", "content": t.content}
-                if t.reasoning is not None:
-                    msg["reasoning_content"] = t.reasoning
-                if t.tool_calls:
-                    msg["tool_calls"] = t.tool_calls
-                ch = {"finish_reason": t.finish_reason, "index": i, "message": msg}
-                if c.logprobs:  # llama-server leaves the key out when no logprobs were asked for
-                    ch["logprobs"] = {"content": c.logprobs}
-                choices.append(ch)
-            out = obj(choices, "chat.completion")
-            out["usage"] = _usage([c.stats for c in done])
-            out["timings"] = _timings(done[0].stats)
-            if verbose_of(body):
-                out["__verbose"] = native_final(done[0], body, 0, stream=False)
-            return out
-
-        def delta(i: int, d: dict, finish: Optional[str]) -> dict:
-            return {"finish_reason": finish, "index": i, "delta": d}
-
-        outs: dict = {}
-        marks: dict = {}
-
-        def on_start(i, job):
-            outs[i] = svc.chat_output(job, body, plan)
-            if body.return_draft_marks:
-                marks[i] = web.DraftMarks(worker.decoder, job.cycles)
-            lines = []
-            # llama-server: each progress event is the role delta with the timings and the progress
-            for pp in (_progress(job) if body.return_progress else []):
-                o = obj([delta(i, {"role": "assistant", "content": None}, None)])
-                if body.timings_per_token:
-                    o["timings"] = _partial_timings(job, 0)
-                o["prompt_progress"] = pp
-                lines.append(_sse(o))
-            # then the first token's role delta, alone: the timings go on the token's last delta
-            lines.append(_sse(obj([delta(i, {"role": "assistant", "content": None}, None)])))
-            return lines
-
-        n_dec = {}
-
-        def on_chunk(i, job, ch):
-            n_dec[i] = n_dec.get(i, 0) + len(ch.tokens)
-            ds = outs[i].feed(ch.text)
-            if not ds and not body.timings_per_token and not body.return_draft_marks:
-                return []
-            lines = []
-            lp = compat.format_probs(worker.decoder, getattr(ch, "logprobs", None) or [], body.post_sampling_probs)
-            for k, d in enumerate(ds or [{}]):
-                o = obj([delta(i, d, None)])
-                if k == len(ds or [{}]) - 1:  # llama-server: logprobs and timings on a chunk's last delta
-                    if lp:
-                        o["choices"][0]["logprobs"] = {"content": lp}
-                    if body.timings_per_token:
-                        o["timings"] = _partial_timings(job, n_dec[i])
-                    if i in marks:
-                        o["draft_marks"] = marks[i].chunk(ch)
-                lines.append(_sse(o))
-            return lines
-
-        stats_seen = []
-
-        def on_done(i, job, st):
-            stats_seen.append(st)
-            lines = []
-            for d in outs[i].finish():
-                lines.append(_sse(obj([delta(i, d, None)])))
-            last = obj([delta(i, {}, finish_reason_for(st.stop_reason, outs[i].tool_calls))])
-            last["timings"] = _timings(st)
-            lines.append(_sse(last))
-            if body.include_usage and i == len(jobs) - 1:
-                u = obj([])
-                u["usage"] = _usage(stats_seen)
-                lines.append(_sse(u))
-            return lines
-
-        return _event_stream(svc.stream(jobs, on_chunk, on_done, on_start=on_start))
-
-    # ------------------------------------------------------------------ agents' APIs (issue 13)
-
-    async def count_chat_tokens(body: ChatCompletionRequest) -> int:
-        """Prompt tokens of a chat request as it would be fed (rendered with tools, tokenized)."""
-        dec = vocab_decoder()
-        opts = _chat_opts(body, settings)
-
-        def work():
-            text = compat.render_chat(dec, body.template_messages(), template=settings.chat_template,
-                                      jinja=settings.jinja, **opts)
-            return len(dec.tokenize(text, add_special=True, parse_special=True))
-
-        return await asyncio.to_thread(work)
-
-    @app.post("/v1/chat/completions/input_tokens")
-    @app.post("/chat/completions/input_tokens")
-    async def chat_input_tokens(request: Request):
-        """llama-server's token count of a chat completion body."""
-        body = await parse_body(request, ChatCompletionRequest)
-        return responses_api.input_tokens_object(await count_chat_tokens(body))
-
-    @app.post("/v1/responses")
-    @app.post("/responses")
-    async def responses(request: Request):
-        """OpenAI Responses API, translated to a chat request (:mod:`.responses_api`)."""
-        metrics.request("/v1/responses")
-        raw = await read_json(request)
-        body = validate_body(responses_api.to_chat(raw), ChatCompletionRequest)
-        done, jobs, plan = await start_chat(body, request)
-        if done is not None:
-            return responses_api.response_object(raw, svc.turn_of(done[0], body, plan), settings.model_id)
-        stream = responses_api.ResponsesStream(raw, settings.model_id)
-        return _event_stream(stream.events(svc.turn_stream(jobs[0], body, plan)))
-
-    @app.post("/v1/responses/input_tokens")
-    @app.post("/responses/input_tokens")
-    async def responses_input_tokens(request: Request):
-        """llama-server's token count of a Responses body."""
-        body = validate_body(responses_api.to_chat(await read_json(request)), ChatCompletionRequest)
-        return responses_api.input_tokens_object(await count_chat_tokens(body))
-
-    def anthropic_errors(handler):
-        """Answer the handler's errors in Anthropic's shape (:func:`.messages_api.error_body`)."""
-        import functools
-
-        @functools.wraps(handler)
-        async def wrapped(request: Request):
-            try:
-                return await handler(request)
-            except APIError as e:
-                return JSONResponse(messages_api.error_body(e), status_code=e.status)
-            except Exception as e:  # noqa: BLE001 - mapped like the app-wide handler
-                err = from_exception(e)
-                if err.status >= 500:
-                    log.exception("internal error on %s", request.url.path, exc_info=e)
-                return JSONResponse(messages_api.error_body(err), status_code=err.status)
-
-        return wrapped
-
-    @app.post("/v1/messages")
-    @anthropic_errors
-    async def messages(request: Request):
-        """Anthropic Messages API, translated to a chat request (:mod:`.messages_api`)."""
-        metrics.request("/v1/messages")
-        body = validate_body(messages_api.to_chat(await read_json(request)), ChatCompletionRequest)
-        done, jobs, plan = await start_chat(body, request)
-        if done is not None:
-            return messages_api.message_object(svc.turn_of(done[0], body, plan), settings.model_id)
-        stream = messages_api.MessagesStream(settings.model_id)
-        return _event_stream(stream.events(svc.turn_stream(jobs[0], body, plan),
-                                           int(jobs[0].info.get("n_prompt", 0))))
-
-    @app.post("/v1/messages/count_tokens")
-    @anthropic_errors
-    async def messages_count_tokens(request: Request):
-        """Anthropic's token count (``{"input_tokens": n}``); ``max_tokens`` not needed."""
-        raw = await read_json(request)
-        raw.setdefault("max_tokens", 1)
-        body = validate_body(messages_api.to_chat(raw), ChatCompletionRequest)
-        return {"input_tokens": await count_chat_tokens(body)}
-
-    @app.post("/completion")
-    @app.post("/completions")
-    async def llama_completion(request: Request):
-        """llama-server's native ``/completion``."""
-        metrics.request("/completion")
-        body = await parse_body(request, LlamaCompletionRequest)
-        prompts = compat.split_prompts(body.prompt)
-        done, jobs = await generate(body, request, [svc.make_prepare(body, prompt=p) for p in prompts])
-        if done is not None:
-            res = [native_final(c, body, i, stream=False) for i, c in enumerate(done)]
-            return res[0] if len(res) == 1 else JSONResponse(res)
-
-        n_dec = {}
-
-        def on_start(i, job):
-            return [_sse({"index": i, "content": "", "tokens": [], "stop": False, "id_slot": job.info.get("id_slot", 0),
-                          "tokens_predicted": 0, "tokens_evaluated": job.info.get("n_prompt", 0),
-                          **({"timings": _partial_timings(job, 0)} if body.timings_per_token else {}),
-                          "prompt_progress": pp}) for pp in (_progress(job) if body.return_progress else [])]
-
-        toks_of: dict = {}
-
-        def on_chunk(i, job, ch):
-            n_dec[i] = n_dec.get(i, 0) + len(ch.tokens)
-            toks_of.setdefault(i, []).extend(ch.tokens)
-            o = {"index": i, "content": ch.text, "tokens": list(ch.tokens), "stop": False,
-                 "id_slot": job.info.get("id_slot", 0), "tokens_predicted": n_dec[i],
-                 "tokens_evaluated": job.info.get("n_prompt", 0)}
-            if body.timings_per_token:
-                o["timings"] = _partial_timings(job, n_dec[i])
-            lp = compat.format_probs(worker.decoder, getattr(ch, "logprobs", None) or [], body.post_sampling_probs)
-            if lp:
-                o["completion_probabilities"] = lp
-            return [_sse(o)]
-
-        def on_done(i, job, st):
-            return [_sse(native_final(_Choice("", toks_of.get(i, []), st, job), body, i, stream=True))]
-
-        return _event_stream(svc.stream(jobs, on_chunk, on_done, done_line=False, on_start=on_start))
+    for routes in (routes_llama, routes_openai, routes_anthropic):
+        app.include_router(routes.router(svc))
 
     return app
 
