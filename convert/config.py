@@ -1,5 +1,8 @@
 """Parse a drafter's ``config.json`` once into a frozen :class:`DraftConfig`.
 
+The one reader of a drafter's Hugging Face config: the converter uses it, and so does training
+(``DFlash2Config.from_hf_dict`` in ``dflash2_gguf/train/model.py``).
+
 One lookup rule (the authors' ``_draft_value`` in ``dflash/model.py``): a DFlash setting is read
 from ``dflash_config`` first, then from the top level. Plain Qwen3 sizes are top-level only.
 Required keys that are missing raise :class:`~convert.errors.ConversionError`.
@@ -14,7 +17,7 @@ from typing import Any, Mapping
 
 from .errors import ConversionError, read_json
 
-__all__ = ["DraftConfig", "parse_config", "ARCHITECTURES"]
+__all__ = ["DraftConfig", "parse_config", "ARCHITECTURES", "build_target_layer_ids", "check_selector_lattice"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +40,39 @@ def _draft_value(cfg: Mapping[str, Any], name: str, default: Any = _MISSING, *, 
     return default
 
 
+def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """The authors' default choice of target layers (HF ids), one per drafter layer.
+
+    Evenly spaced from layer 1 to layer ``num_target_layers - 3`` (Python ``round``, i.e. round
+    half to even, as the reference); a 1-layer drafter takes the middle layer.
+    """
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    first, last = 1, num_target_layers - 3
+    return [round(first + i * (last - first) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+def check_selector_lattice(hidden_size: int, selector_top_k: int) -> None:
+    """Refuse a DFlash 2 drafter narrower than its selector lattice.
+
+    llama.cpp packs the selector's ``top_k * (top_k + 1)`` lattice scores into the drafter's
+    ``hidden_size`` output rows, so it refuses a drafter with ``hidden_size < top_k * (top_k + 1)``.
+
+    Raises:
+        ConversionError: (a ``ValueError``) the drafter is too narrow; the message gives the
+            largest ``selector_top_k`` that fits.
+    """
+    need = selector_top_k * (selector_top_k + 1)
+    if hidden_size < need:
+        fits = 0
+        while (fits + 1) * (fits + 2) <= hidden_size:
+            fits += 1
+        raise ConversionError(
+            f"DFlash 2 hidden_size {hidden_size} is below selector_top_k*(selector_top_k+1) = {need} "
+            f"(selector_top_k {selector_top_k}): llama.cpp packs the selector lattice into the hidden-size "
+            f"output rows and refuses such a drafter; use selector_top_k <= {fits} or a wider drafter")
+
+
 def _top(cfg: Mapping[str, Any], name: str, default: Any = _MISSING) -> Any:
     if name in cfg and cfg[name] is not None:
         return cfg[name]
@@ -56,8 +92,11 @@ class DraftConfig:
     """Everything the converter needs from ``config.json``, typed and validated.
 
     ``target_layer_ids`` are HF ids (output of that target layer); GGUF stores them plus
-    :data:`convert.names.TARGET_LAYER_OFFSET`. Optional values are ``None`` when absent, which
-    means "do not write the key", as upstream's ``DFlashModel.set_gguf_parameters`` does.
+    :data:`convert.names.TARGET_LAYER_OFFSET`. A config without them gets the authors' default
+    (:func:`build_target_layer_ids` of ``num_target_layers``). Optional values are ``None`` when
+    absent, which means "do not write the key", as upstream's
+    ``DFlashModel.set_gguf_parameters`` does. ``layer_types`` is the config's list as given;
+    ``sliding_window`` / ``sliding_window_pattern`` are set only when sliding attention is on.
     """
 
     architecture: str
@@ -91,6 +130,8 @@ class DraftConfig:
     sliding_window_pattern: tuple[bool, ...] | None = None
     num_target_layers: int | None = None
     rope_is_neox_style: bool = True
+    layer_types: tuple[str, ...] | None = None
+    hidden_act: str = "silu"
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -130,7 +171,10 @@ def parse_config(path_or_dict: str | Path | Mapping[str, Any]) -> DraftConfig:
     vocab = _int(_top(cfg, "vocab_size"), "vocab_size")
     n_layers = _int(_top(cfg, "num_hidden_layers"), "num_hidden_layers")
 
-    ids_raw = _draft_value(cfg, "target_layer_ids")
+    ntl = cfg.get("num_target_layers")
+    # the authors' default when the config names no layers (DFlash2DraftModel.__init__)
+    default_ids = _MISSING if ntl is None else build_target_layer_ids(_int(ntl, "num_target_layers"), n_layers)
+    ids_raw = _draft_value(cfg, "target_layer_ids", default_ids)
     if not isinstance(ids_raw, (list, tuple)) or not ids_raw:
         raise ConversionError(f"config.json: target_layer_ids must be a non-empty list, got {ids_raw!r}")
     ids = tuple(_int(i, "target_layer_ids[]") for i in ids_raw)
@@ -161,11 +205,7 @@ def parse_config(path_or_dict: str | Path | Mapping[str, Any]) -> DraftConfig:
             raise ConversionError(f"conv_group_size {conv_g} does not divide hidden_size {hidden}")
         if conv_k <= 0 or sel_rank <= 0 or sel_top_k <= 0:
             raise ConversionError("conv_kernel_size, selector_rank and selector_top_k must be positive")
-        if hidden < sel_top_k * (sel_top_k + 1):
-            raise ConversionError(
-                f"DFlash 2 hidden_size {hidden} is below selector_top_k*(selector_top_k+1) = "
-                f"{sel_top_k * (sel_top_k + 1)}: llama.cpp packs the selector lattice into the "
-                "hidden-size output rows and refuses such a drafter")
+        check_selector_lattice(hidden, sel_top_k)
 
     # Causal flag: upstream writes it only when is_causal (top level) or dflash_config.causal is set.
     causal = cfg.get("is_causal")
@@ -203,7 +243,6 @@ def parse_config(path_or_dict: str | Path | Mapping[str, Any]) -> DraftConfig:
     softcap = opt_float("final_logit_softcapping")
     if softcap is not None and softcap <= 0:
         softcap = None
-    ntl = cfg.get("num_target_layers")
 
     return DraftConfig(
         architecture=arch,
@@ -239,6 +278,8 @@ def parse_config(path_or_dict: str | Path | Mapping[str, Any]) -> DraftConfig:
         sliding_window_pattern=pattern,
         num_target_layers=None if ntl is None else _int(ntl, "num_target_layers"),
         rope_is_neox_style=bool(cfg.get("rope_is_neox_style", True)),
+        layer_types=None if layer_types is None else tuple(layer_types),
+        hidden_act=str(cfg.get("hidden_act") or "silu"),
         raw=cfg,
     )
 

@@ -643,8 +643,8 @@ def test_config_for_target_and_cli_helpers(tmp_path, smollm2_reader):
     assert cfg.target_layer_ids == (1, 8, 14, 20, 27) and cfg.rope_theta == 100000.0
     assert cfg.rms_norm_eps == 1e-5 and cfg.mask_token_id == 0  # SmolLM2's unknown token
     assert DFlash2Config.from_hf_dict(cfg.to_hf_dict()) == cfg
-    with pytest.raises(ValueError):
-        DFlash2Config.for_target(info, selector_top_k=24)  # 576 < 24 * 25
+    with pytest.raises(ValueError, match=r"below selector_top_k\*\(selector_top_k\+1\) = 600.*selector_top_k <= 23"):
+        DFlash2Config.for_target(info, selector_top_k=24)  # 576 < 24 * 25; 23 * 24 = 552 fits
     with pytest.raises(ValueError, match="float16"):
         write_shard(tmp_path / "big.safetensors", [([1, 2], np.full((2, 2 * 576), 7e4), 1)],
                     ShardMeta((1, 2), 576, 49152))
@@ -652,6 +652,33 @@ def test_config_for_target_and_cli_helpers(tmp_path, smollm2_reader):
     assert sorted(load_prompts(str(tmp_path / "p.jsonl"))) == ["a", "b", "c"]
     args = build_parser().parse_args(["fit", "--target", "t.gguf", "--shards", "x", "--out", "o"])
     assert args.layers == 5 and args.block_size == 16
+
+
+def test_hf_config_is_read_by_the_converters_reader():
+    """Training reads a drafter's config.json with the converter's one reader
+    (convert.config.parse_config): same lookup rule, same checks, same errors."""
+    from convert.config import parse_config
+
+    cfg = DFlash2Config(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, vocab_size=300, num_target_layers=12,
+                        target_layer_ids=(1, 9), mask_token_id=5, selector_top_k=7, conv_group_size=16,
+                        layer_types=("sliding_attention", "full_attention"), sliding_window=8, is_causal=None)
+    d = cfg.to_hf_dict()
+    assert DFlash2Config.from_hf_dict(d) == cfg
+    assert parse_config(d).selector_top_k == 7 and parse_config(d).sliding_window_pattern == (True, False)
+    # no target_layer_ids: the authors' default of num_target_layers, for both readers
+    d2 = {**d, "dflash_config": {k: v for k, v in d["dflash_config"].items() if k != "target_layer_ids"}}
+    assert DFlash2Config.from_hf_dict(d2).target_layer_ids == parse_config(d2).target_layer_ids == (1, 9)
+    # dflash_config.use_swa: every layer slides
+    d3 = {**d, "layer_types": None, "dflash_config": {**d["dflash_config"], "use_swa": True, "swa_window_size": 4}}
+    c3 = DFlash2Config.from_hf_dict(d3)
+    assert (c3.layer_types, c3.sliding_window) == (("sliding_attention", "sliding_attention"), 4)
+    with pytest.raises(ValueError, match="selector_top_k <= 7"):  # 64 < 8 * 9: one check, one message
+        DFlash2Config.from_hf_dict({**d, "dflash_config": {**d["dflash_config"], "selector_top_k": 8}})
+    with pytest.raises(ValueError, match="not a DFlash 2 drafter"):
+        DFlash2Config.from_hf_dict({**d, "architectures": ["DFlashDraftModel"]})
+    with pytest.raises(ValueError, match="mask_token_id"):
+        DFlash2Config.from_hf_dict({**d, "dflash_config": {**d["dflash_config"], "mask_token_id": None}})
 
 
 def test_greedy_acceptance_equals_single_block_drafts():

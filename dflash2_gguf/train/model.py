@@ -45,6 +45,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from convert.config import build_target_layer_ids, check_selector_lattice, parse_config
+
 __all__ = [
     "DFlash2Config",
     "DFlash2Drafter",
@@ -65,18 +67,6 @@ REFERENCE_KEY_MAP = {
 # k + 1. The authors' ``extract_context_feature`` indexes ``hidden_states[k + 1]`` (index 0 is the
 # embedding output); GGUF ``dflash.target_layers`` stores k + 1.
 TARGET_LAYER_OFFSET = 1
-
-
-def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    """The authors' default choice of target layers (HF ids), one per drafter layer.
-
-    Evenly spaced from layer 1 to layer ``num_target_layers - 3`` (Python ``round``, i.e. round
-    half to even, as the reference); a 1-layer drafter takes the middle layer.
-    """
-    if num_draft_layers == 1:
-        return [num_target_layers // 2]
-    first, last = 1, num_target_layers - 3
-    return [round(first + i * (last - first) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -195,55 +185,54 @@ class DFlash2Config:
 
     @classmethod
     def from_hf_dict(cls, cfg: Mapping[str, Any]) -> "DFlash2Config":
-        """Parse an authors'-format config.json dict (``dflash_config`` first, then top level)."""
-        d = cfg.get("dflash_config", {}) or {}
+        """The config of an authors'-format config.json dict, read by the converter's one reader
+        (:func:`convert.config.parse_config`: ``dflash_config`` first, then the top level).
 
-        def get(name: str, default: Any = ...) -> Any:
-            if name in d:
-                return d[name]
-            if name in cfg:
-                return cfg[name]
-            if default is ...:
-                raise KeyError(f"config.json lacks {name!r}")
-            return default
-
-        rope = cfg.get("rope_parameters") or {}
-        rope_theta = rope.get("rope_theta", cfg.get("rope_theta"))
-        if rope_theta is None:
-            raise KeyError("config.json lacks rope_theta / rope_parameters.rope_theta")
-        scaling = cfg.get("rope_scaling") or {}
-        rope_type = scaling.get("rope_type", scaling.get("type", rope.get("rope_type", "default")))
+        Raises:
+            ValueError: not a DFlash 2 config, a missing or bad key (``ConversionError``, a
+                ``ValueError``, naming it), or RoPE scaling (the trainer has none).
+        """
+        c = parse_config(cfg)
+        if c.version != 2:
+            raise ValueError(f"config.json: {c.architecture} is not a DFlash 2 drafter: training needs "
+                             "architectures ['DFlash2DraftModel']")
+        if c.num_target_layers is None:
+            raise ValueError("config.json lacks 'num_target_layers' (the target's layer count)")
+        if c.rope_theta is None:
+            raise ValueError("config.json lacks rope_theta / rope_parameters.rope_theta")
+        rope_type = c.rope_parameters.get("rope_type", "default")
         if rope_type not in (None, "default"):
             raise ValueError(f"rope scaling {rope_type!r} is not supported by the trainer")
-        hidden = int(cfg["hidden_size"])
-        n_layers = int(cfg["num_hidden_layers"])
+        assert c.conv_kernel_size and c.conv_group_size and c.selector_rank and c.selector_top_k  # version 2
+        layer_types = c.layer_types
+        if c.sliding_window_pattern is not None and layer_types is None:  # dflash_config.use_swa: every layer
+            layer_types = tuple("sliding_attention" if sw else "full_attention" for sw in c.sliding_window_pattern)
         return cls(
-            hidden_size=hidden,
-            intermediate_size=int(cfg["intermediate_size"]),
-            num_hidden_layers=n_layers,
-            num_attention_heads=int(cfg["num_attention_heads"]),
-            num_key_value_heads=int(cfg["num_key_value_heads"]),
-            head_dim=int(cfg.get("head_dim") or hidden // int(cfg["num_attention_heads"])),
-            vocab_size=int(cfg["vocab_size"]),
-            num_target_layers=int(cfg["num_target_layers"]),
-            target_layer_ids=tuple(get("target_layer_ids", None)
-                                   or build_target_layer_ids(int(cfg["num_target_layers"]), n_layers)),
-            mask_token_id=int(get("mask_token_id")),
-            block_size=int(get("block_size", 16)),
-            conv_kernel_size=int(get("conv_kernel_size")),
-            conv_group_size=int(get("conv_group_size")),
-            selector_rank=int(get("selector_rank")),
-            selector_top_k=int(get("selector_top_k")),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope_theta),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 40960)),
-            is_causal=None if cfg.get("is_causal") is None else bool(cfg["is_causal"]),
-            sliding_window=cfg.get("sliding_window"),
-            layer_types=tuple(cfg["layer_types"]) if cfg.get("layer_types") else None,
-            output_multiplier=get("output_multiplier", None),
-            final_logit_softcapping=get("final_logit_softcapping", None),
-            input_embedding_scale=get("input_embedding_scale", None),
-            hidden_act=cfg.get("hidden_act", "silu"),
+            hidden_size=c.hidden_size,
+            intermediate_size=c.intermediate_size,
+            num_hidden_layers=c.num_layers,
+            num_attention_heads=c.num_heads,
+            num_key_value_heads=c.num_kv_heads,
+            head_dim=c.head_dim,
+            vocab_size=c.vocab_size,
+            num_target_layers=c.num_target_layers,
+            target_layer_ids=c.target_layer_ids,
+            mask_token_id=c.mask_token_id,
+            block_size=c.block_size,
+            conv_kernel_size=c.conv_kernel_size,
+            conv_group_size=c.conv_group_size,
+            selector_rank=c.selector_rank,
+            selector_top_k=c.selector_top_k,
+            rms_norm_eps=1e-6 if c.rms_norm_eps is None else c.rms_norm_eps,
+            rope_theta=c.rope_theta,
+            max_position_embeddings=40960 if c.context_length is None else c.context_length,
+            is_causal=c.causal,
+            sliding_window=c.sliding_window,
+            layer_types=layer_types,
+            output_multiplier=c.output_multiplier,
+            final_logit_softcapping=c.final_logit_softcapping,
+            input_embedding_scale=c.input_embedding_scale,
+            hidden_act=c.hidden_act,
         )
 
     @classmethod
@@ -253,7 +242,12 @@ class DFlash2Config:
         """A drafter shaped like the target (``info``: :class:`~.target_weights.TargetInfo`):
         same hidden size, heads, head dim, FFN width, RoPE base and norm eps, as the authors'
         drafters copy their target's Qwen3 sizes; layer ids by :func:`build_target_layer_ids`.
-        llama.cpp needs ``hidden_size >= top_k * (top_k + 1)`` (the lattice rows)."""
+        llama.cpp needs ``hidden_size >= top_k * (top_k + 1)`` (the lattice rows).
+
+        Raises:
+            ValueError: the drafter is narrower than its selector lattice
+                (:func:`convert.config.check_selector_lattice`), or a target layer id is out of range.
+        """
         kw: dict[str, Any] = dict(
             hidden_size=info.hidden_size,
             intermediate_size=info.n_ff or 3 * info.hidden_size,
@@ -272,9 +266,7 @@ class DFlash2Config:
         )
         kw.update(overrides)
         cfg = cls(**kw)
-        if cfg.hidden_size < cfg.selector_top_k * (cfg.selector_top_k + 1):
-            raise ValueError(f"hidden_size {cfg.hidden_size} < top_k*(top_k+1) = "
-                             f"{cfg.selector_top_k * (cfg.selector_top_k + 1)}: llama.cpp refuses it")
+        check_selector_lattice(cfg.hidden_size, cfg.selector_top_k)
         bad = [k for k in cfg.target_layer_ids if not 0 <= k < info.n_layers]
         if bad:
             raise ValueError(f"target layer ids {bad} out of range for {info.n_layers} layers")
