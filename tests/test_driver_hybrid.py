@@ -229,7 +229,7 @@ def test_generate_serve_bench_on_qwen35(native_ext, qwen35_text, tmp_path, capsy
     assert out[str(drafter)]["rollback"] == "native" and out[str(drafter)]["n_rollbacks"] > 0
     assert out[str(drafter)]["tokens"] == out["none"]["tokens"]
 
-    from test_server import LiveServer
+    from live_server import LiveServer
 
     from dflash2_gguf.server.app import ServerSettings
 

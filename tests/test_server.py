@@ -12,7 +12,6 @@ Loopback only, bounded loops only.
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,50 +23,13 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
-import uvicorn  # noqa: E402
-
-from dflash2_gguf.server.app import ServerSettings, create_app  # noqa: E402
+from dflash2_gguf.server.app import ServerSettings  # noqa: E402
 from fakes import FakeDecoder  # noqa: E402
+from live_server import LiveServer  # noqa: E402
 
 N_CTX = 512
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time,", "1, 2, 3, 4,"]
 CHAT = [{"role": "user", "content": "What is 2 + 2?"}]
-
-
-class LiveServer:
-    """uvicorn serving ``create_app(settings)`` in a daemon thread on 127.0.0.1:<free port>."""
-
-    def __init__(self, settings: ServerSettings, load=None, wait_ready: bool = True) -> None:
-        self.app = create_app(settings, load=load)
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        cfg = uvicorn.Config(self.app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
-        self.server = uvicorn.Server(cfg)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.wait_ready = wait_ready
-
-    def __enter__(self) -> "LiveServer":
-        self.thread.start()
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.server.started:
-                if not self.wait_ready:
-                    return self
-                try:
-                    if httpx.get(self.url + "/health", timeout=5).status_code == 200:
-                        return self
-                except httpx.HTTPError:
-                    pass
-            time.sleep(0.1)
-        self.__exit__()
-        raise RuntimeError("server did not become ready in 120 s")
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(60)
-        self.sock.close()
 
 
 @pytest.fixture(scope="module")

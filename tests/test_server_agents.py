@@ -25,7 +25,7 @@ pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
-from test_server import LiveServer  # noqa: E402
+from live_server import LiveServer  # noqa: E402
 
 from dflash2_gguf.server.app import ServerSettings  # noqa: E402
 

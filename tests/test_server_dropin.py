@@ -20,7 +20,8 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-from test_server import CHAT, LiveServer, _fake  # noqa: E402
+from live_server import LiveServer  # noqa: E402
+from test_server import CHAT, _fake  # noqa: E402
 
 from dflash2_gguf.server.app import BUILD_INFO, ServerSettings  # noqa: E402
 

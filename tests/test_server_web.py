@@ -17,7 +17,8 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-from test_server import LiveServer, _fake  # noqa: E402
+from live_server import LiveServer  # noqa: E402
+from test_server import _fake  # noqa: E402
 
 from dflash2_gguf.server.app import ServerSettings  # noqa: E402
 from dflash2_gguf.server.web import ASSET_DIR, origin_is_localhost  # noqa: E402

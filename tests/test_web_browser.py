@@ -25,7 +25,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-from test_server import LiveServer  # noqa: E402
+from live_server import LiveServer  # noqa: E402
 
 from dflash2_gguf.server.app import ServerSettings  # noqa: E402
 
