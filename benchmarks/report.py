@@ -469,7 +469,7 @@ def render(reps: list[dict], *, commands: str, plot_rel: str, kept: str) -> str:
         "token was chosen, smallest over the set. Up to 256 cells a row of a batched pass and a one-token "
         "decode get bit-identical logits on this CPU build with flash attention; beyond, llama.cpp's "
         "one-token decodes switch to a split-KV attention kernel that sums in another order "
-        "(tests/test_driver_smollm2.py).",
+        "(tests/native/test_driver_smollm2.py).",
         "",
         "## Cost of a cycle",
         "",

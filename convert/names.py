@@ -4,7 +4,7 @@ PyPI ``gguf`` 0.19.0 lacks the dflash constants that llama.cpp's in-repo gguf-py
 0c1e570 (the copy llama-cpp-python 0.3.36 vendors, ``vendor/llama.cpp/gguf-py/gguf/constants.py``).
 Every name below is spelled as upstream spells it; each entry records the upstream constant it
 mirrors (``Keys.<group>.<NAME>`` or ``MODEL_TENSOR.<NAME>``) so that
-``tests/test_convert.py::test_names_match_upstream`` can check the table against that file.
+``tests/convert/test_convert.py::test_names_match_upstream`` can check the table against that file.
 
 Value types are the ones upstream's ``GGUFWriter.add_*`` methods write (``add_uint32``,
 ``add_float32``, ``add_bool``; ``add_array`` of Python ints writes INT32).

@@ -47,7 +47,7 @@ def _fa_word(v: str) -> str:
 def add_model_args(p: argparse.ArgumentParser, *, drafter_required: bool = True) -> None:
     """``-m/-md/-c/-cd/-t/-td/-ngl/-ngld/-fa/-nr/-v`` (model and context flags shared by
     subcommands), each with every spelling llama.cpp 0c1e570 has for it (common/arg.cpp;
-    tests/test_params.py checks them against server/llama_server_options.json)."""
+    tests/decoder/test_params.py checks them against server/llama_server_options.json)."""
     p.add_argument("-m", "--model", required=True, help="target model GGUF")
     p.add_argument("-md", "--model-draft", "--spec-draft-model", required=drafter_required, default=None,
                    help="dflash drafter GGUF, or 'none' for the target alone")

@@ -37,15 +37,15 @@ if [[ ",$extras," == *",test,"* || ",$extras," == *",torch,"* ]]; then
 fi
 "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[${extras}]"
 if [[ ",$extras," == *",test,"* ]]; then
-  # The web page's browser test (tests/test_web_browser.py) drives the system's Chromium with its
+  # The web page's browser test (tests/server/test_web_browser.py) drives the system's Chromium with its
   # chromedriver (Selenium from the test extra, nothing downloaded): Debian's packages, as root.
   if ! { command -v chromium || command -v chromium-browser; } >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-      echo "setup: installing chromium chromium-driver (apt-get) for tests/test_web_browser.py" >&2
+      echo "setup: installing chromium chromium-driver (apt-get) for tests/server/test_web_browser.py" >&2
       apt-get update -qq
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
     else
-      echo "setup: no chromium/chromedriver: tests/test_web_browser.py will be skipped" \
+      echo "setup: no chromium/chromedriver: tests/server/test_web_browser.py will be skipped" \
            "(Debian: apt-get install chromium chromium-driver)" >&2
     fi
   fi

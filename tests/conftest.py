@@ -81,7 +81,7 @@ def tiny_drafters(tiny_dir, tiny_llama):
 @pytest.fixture(scope="session")
 def tiny_peaked(tiny_dir):
     """Tiny llama target whose argmax is often token 7, plus {1: v1, 2: v2} random drafters that
-    then agree with it often (tests/test_driver.py counts the accepted drafts): (target,
+    then agree with it often (tests/native/test_driver.py counts the accepted drafts): (target,
     drafters). Its matrices are Q4_1, as the SmolLM2 target's: the greedy-equality tests on it
     need one-token and batched passes with bit-identical logits, which F32 weights do not give
     on every CPU (tiny_models.py)."""

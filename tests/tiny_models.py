@@ -30,7 +30,7 @@ MASK_ID = 3
 #: A GPU-like cost model for ``DFlashDecoder(cost_model=...)``: a verify pass costs the same for
 #: any number of rows and the drafter nothing, so the adaptive policy (on, as by default) drafts
 #: the whole block every cycle; tests of exactness with random drafters use it so that drafting
-#: never stops (tests/test_draft_policy.py covers the policy's own choices).
+#: never stops (tests/native/test_draft_policy.py covers the policy's own choices).
 FLAT_COSTS = {"verify_ms": [10.0] * 16, "draft_ms": 0.0}
 
 

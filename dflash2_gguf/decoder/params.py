@@ -19,12 +19,12 @@ variable, its native field (``native/sampling.h`` ``SamplingOptions`` / ``native
 
 Adding a sampling parameter = one :class:`Param` here (``group="sampling"``) plus one line in
 ``DFLASH2_SAMPLING_FIELDS`` (native/sampling.h) and its use in native/sampling.cpp; the flags,
-the request field, the server default and ``/props`` follow (tests/test_params.py adds a
+the request field, the server default and ``/props`` follow (tests/decoder/test_params.py adds a
 throwaway entry and follows it through).
 
 Entries marked ``custom`` need code beyond the generic path (a logit-bias string, a grammar file,
 the OpenAI aliases of the token limit, llama-server's nested ``speculative`` object); their flags
-and request names are still declared here, and tests/test_params.py checks every declared request
+and request names are still declared here, and tests/decoder/test_params.py checks every declared request
 name is a field of the request models.
 
 A leaf module: it imports nothing of this package.

@@ -25,7 +25,7 @@ answers where ``responses.jsonl`` has them (one teacher-forced prefill each, no 
 Numerics: a batched decode runs the Q4_1 matmuls and flash attention over several rows at once.
 On the CPU, ggml gives a row of a batched pass the same values as a one-row pass while a
 sequence stays within 256 KV cells and a decode call has fewer than 64 rows (README, "Exactness
-at T = 0"; tests/test_train_capture.py); beyond, greedy answers can part from one-sequence
+at T = 0"; tests/train/test_train_capture.py); beyond, greedy answers can part from one-sequence
 decoding at near-ties. The drafter learns what the target produced under batched evaluation,
 which is also how the speculative verifier evaluates a block.
 """

@@ -2,7 +2,7 @@
 
 Written from the method description of the DFlash 2 paper and checked numerically
 against the authors' reference ``dflash==0.1.0`` (``dflash/model.py``: ``DFlash2DraftModel``) by
-``tests/test_train.py``. Attribute names equal the authors' checkpoint keys, so
+``tests/train/test_train.py``. Attribute names equal the authors' checkpoint keys, so
 ``DFlash2Drafter.state_dict()`` has exactly the tensor names of their Hugging Face release
 (no ``model.`` prefix)::
 

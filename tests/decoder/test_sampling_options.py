@@ -2,7 +2,7 @@
 
 The real SmolLM2-135M-Instruct target with the shipped DFlash 2 drafter, chat prompts, flash
 attention on, every context within 256 cells (where a batched verify row and a one-token decode
-give the same logits bit for bit: tests/test_driver_smollm2.py's docstring):
+give the same logits bit for bit: tests/native/test_driver_smollm2.py's docstring):
 
 - 10 prompts x 40 tokens: with presence 1.5 / frequency 0.5 / repeat 1.3 / a logit bias / a JSON-schema grammar, the
   text with the drafter is the text without it, token for token, and each setting changes the
@@ -57,7 +57,7 @@ def shipped(native_ext, smollm2_gguf):
 
     from dflash2_gguf import DFlashDecoder
 
-    path = Path(__file__).resolve().parent.parent / SHIPPED
+    path = Path(__file__).resolve().parents[2] / SHIPPED
     from tiny_models import FLAT_COSTS
 
     with DFlashDecoder(smollm2_gguf, path, n_ctx=512, n_threads=2, flash_attn=True, cost_model=FLAT_COSTS) as dec:

@@ -21,7 +21,7 @@ from dflash2_gguf.bench import cli as bench
 from dflash2_gguf.bench import compare as bc
 from dflash2_gguf.bench.stats import RequestResult, summarize
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 _NO_REPO = textwrap.dedent("""\
     import importlib.abc, os, sys

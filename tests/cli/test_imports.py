@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parents[1] / "dflash2_gguf"
+PKG = Path(__file__).resolve().parents[2] / "dflash2_gguf"
 
 #: The modules of the command layer, each imported first in its own interpreter.
 MODULES = ["dflash2_gguf.cli", "dflash2_gguf.bench.cli", "dflash2_gguf.bench.run", "dflash2_gguf.bench.compare",

@@ -26,7 +26,7 @@ import pytest
 
 pytestmark = pytest.mark.native
 
-SHIPPED = Path(__file__).resolve().parent.parent / "models" / "smollm2-135m-dflash2.gguf"
+SHIPPED = Path(__file__).resolve().parents[2] / "models" / "smollm2-135m-dflash2.gguf"
 TURNS = [
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did she sell?",
     "And if she sold 10 more in June?",
@@ -41,7 +41,7 @@ def _decoder(smollm2_gguf, **kw):
     from tiny_models import FLAT_COSTS
 
     # the DFlash drafter alone: ngram-mod's pool would hold the warm run's output when the cold
-    # run repeats the request (context drafts and the prompt cache: tests/test_driver_hybrid.py)
+    # run repeats the request (context drafts and the prompt cache: tests/native/test_driver_hybrid.py)
     kw.setdefault("spec_type", "draft-dflash")
     return DFlashDecoder(smollm2_gguf, SHIPPED, n_ctx=512, n_threads=2, n_batch=32, flash_attn=True,
                          cost_model=FLAT_COSTS, **kw)

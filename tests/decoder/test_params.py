@@ -21,7 +21,7 @@ pytest.importorskip("fastapi")
 from dflash2_gguf.server import llama_args  # noqa: E402
 from fakes import FakeDecoder  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _serve(argv, environ=None):
@@ -105,7 +105,8 @@ def test_request_names_are_fields_of_the_request_models():
 
 
 def test_no_signature_sniffing_left():
-    src = "".join((ROOT / "dflash2_gguf" / "server" / f).read_text() for f in ("app.py", "compat.py"))
+    files = ("app.py", "compat.py", "routes_llama.py", "routes_openai.py", "routes_anthropic.py")
+    src = "".join((ROOT / "dflash2_gguf" / "server" / f).read_text() for f in files)
     assert "inspect.signature" not in src and "_generate_accepts" not in src and "_template_kwargs(" not in src
     assert "sampling_fields" not in src and "lacks" not in src
 

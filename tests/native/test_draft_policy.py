@@ -93,7 +93,7 @@ def test_adaptive_varies_k_and_stays_exact(native_ext, smollm2_gguf):
 
     from dflash2_gguf import DFlashDecoder, SamplingParams
 
-    shipped = Path(__file__).resolve().parent.parent / "models" / "smollm2-135m-dflash2.gguf"
+    shipped = Path(__file__).resolve().parents[2] / "models" / "smollm2-135m-dflash2.gguf"
     greedy = SamplingParams.greedy_params()
     qs = ["Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many?",
           "Write a short poem about the sea."]
@@ -118,7 +118,7 @@ def test_gate_skips_the_drafter_when_drafting_does_not_pay(native_ext, smollm2_g
 
     from dflash2_gguf import DFlashDecoder, SamplingParams
 
-    shipped = Path(__file__).resolve().parent.parent / "models" / "smollm2-135m-dflash2.gguf"
+    shipped = Path(__file__).resolve().parents[2] / "models" / "smollm2-135m-dflash2.gguf"
     costs = {"verify_ms": [12.0 * r for r in CPU_ROWS], "draft_ms": 36.0}
     greedy = SamplingParams.greedy_params()
     msgs = [{"role": "user", "content": "Describe the water cycle."}]
@@ -144,7 +144,7 @@ def test_n_draft_min_is_a_floor_when_the_drafter_runs(native_ext, smollm2_gguf):
 
     from dflash2_gguf import DFlashDecoder, SamplingParams
 
-    shipped = Path(__file__).resolve().parent.parent / "models" / "smollm2-135m-dflash2.gguf"
+    shipped = Path(__file__).resolve().parents[2] / "models" / "smollm2-135m-dflash2.gguf"
     costs = {"verify_ms": [12.0 * r for r in CPU_ROWS], "draft_ms": 0.0}  # drafting free: the gate stays open
     greedy = SamplingParams.greedy_params()
     msgs = [{"role": "user", "content": "Describe the water cycle."}]
@@ -163,7 +163,7 @@ def test_n_draft_min_is_a_floor_when_the_drafter_runs(native_ext, smollm2_gguf):
 @pytest.mark.parametrize("version", [2])
 def test_lossless_with_adaptation_varying_k(native_ext, tiny_llama, tiny_drafters, version):
     """T > 0 with a cost curve under which k varies: the marginals of 3 tokens still match the
-    target alone's (same chi-square check as tests/test_driver_lossless.py)."""
+    target alone's (same chi-square check as tests/native/test_driver_lossless.py)."""
     import dataclasses
 
     import test_driver_lossless as L
@@ -200,7 +200,7 @@ def test_learnt_policy_outlives_the_decoder(native_ext, smollm2_gguf, tmp_path, 
     from dflash2_gguf import DFlashDecoder, SamplingParams
 
     monkeypatch.setenv("DFLASH2_GGUF_COST_MODELS", str(tmp_path / "cost-models.json"))
-    shipped = Path(__file__).resolve().parent.parent / "models" / "smollm2-135m-dflash2.gguf"
+    shipped = Path(__file__).resolve().parents[2] / "models" / "smollm2-135m-dflash2.gguf"
     greedy = SamplingParams.greedy_params()
     msgs = [{"role": "user", "content": "Describe the water cycle."}]
     kw = dict(n_ctx=512, n_threads=2, flash_attn=True)

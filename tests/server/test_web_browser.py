@@ -29,7 +29,7 @@ from live_server import LiveServer  # noqa: E402
 
 from dflash2_gguf.server.app import ServerSettings  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KEY = "page-key"
 
 

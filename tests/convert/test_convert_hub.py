@@ -6,7 +6,7 @@ holds random drafters in the authors' format whose model cards name their target
 (config.json + tokenizer files only: byte-level BPE and SentencePiece), and a GGUF repository of
 the SentencePiece target. The verbatim commands run in a subprocess, as a user runs them.
 Byte-for-byte agreement of the SentencePiece tokenizer keys with llama.cpp's own converter is in
-tests/test_upstream_compat.py::test_sentencepiece_target_matches_upstream.
+tests/convert/test_upstream_compat.py::test_sentencepiece_target_matches_upstream.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from convert import ConversionError  # noqa: E402
 from convert.hub import parse_hub_gguf, pick_gguf, target_from_drafter  # noqa: E402
 from convert.target import read_kv  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HIDDEN, LAYERS, IDS, MASK = 288, 4, (0, 2), 3
 
 

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks/
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks/
 
 from benchmarks import upstream as up  # noqa: E402
 from checkpoints import make_dflash_checkpoint  # noqa: E402

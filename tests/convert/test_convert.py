@@ -631,7 +631,7 @@ def test_cli(tmp_path, tiny_target, capsys):
 
     proc = subprocess.run([sys.executable, "-m", "convert", "hf-to-gguf", str(tmp_path / "missing"),
                            "--target", str(tiny_target)], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parents[1])
+                          cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "no such folder" in proc.stderr
 
 

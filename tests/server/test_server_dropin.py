@@ -1,7 +1,7 @@
 """llama-server drop-in, second part (issue 41): per-slot context, the chat token count, prefill
 progress and per-token timings, assistant prefill, model aliases and tags, the build fingerprint,
 ``/tokenize`` with a BOS, and the web-page flags, against live servers (uvicorn on 127.0.0.1, see
-tests/test_server.py) with httpx.
+tests/server/test_server.py) with httpx.
 
 Reference: tools/server/server-context.cpp, server-task.cpp, server-common.cpp, server-http.cpp,
 server.cpp and common/chat.cpp, src/llama-context.cpp at llama.cpp 0c1e570. The real SmolLM2 target
@@ -289,7 +289,7 @@ def test_target_sample_acceptance_live(native_ext, smollm2_gguf):
     for its seed, the text of a server without a drafter; ``--spec-accept`` sets the default."""
     from pathlib import Path
 
-    shipped = Path(__file__).resolve().parents[1] / "models" / "smollm2-135m-dflash2.gguf"
+    shipped = Path(__file__).resolve().parents[2] / "models" / "smollm2-135m-dflash2.gguf"
     body = {"messages": CHAT, "max_tokens": 40, "temperature": 1.0, "seed": 11, "top_k": 0, "top_p": 1.0,
             "min_p": 0.0}
     with LiveServer(ServerSettings(model=str(smollm2_gguf), n_ctx=512, n_threads=1)) as srv:

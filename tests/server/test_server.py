@@ -40,7 +40,7 @@ def drafter(native_ext, smollm2_drafters):
 @pytest.fixture(scope="module")
 def live(smollm2_gguf, drafter):
     # a fixed draft length: these tests check the server's plumbing of drafting statistics, which a
-    # random drafter under the adaptive policy (tests/test_draft_policy.py) may rightly never use
+    # random drafter under the adaptive policy (tests/native/test_draft_policy.py) may rightly never use
     s = ServerSettings(model=str(smollm2_gguf), model_draft=drafter, n_ctx=N_CTX, n_threads=1, alias="smol",
                        adaptive=False)
     with LiveServer(s) as srv:
@@ -679,7 +679,7 @@ def test_llama_server_compat_report_logic(tmp_path):
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks/
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks/
     from benchmarks.llama_server_compat import CASES, compare, report_markdown, run
 
     cases = [c for c in CASES if c.name in ("props", "tokenize", "completion", "chat-stream", "cors-preflight",

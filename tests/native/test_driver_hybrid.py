@@ -15,7 +15,7 @@ built once and cached):
 A random drafter is rejected almost every cycle, so nearly every cycle rolls back. For each
 target: greedy output with a drafter equals the target alone (full block, and the adaptive
 default), also with penalties and a grammar; sampling keeps the target's distribution (chi-square,
-as tests/test_driver_lossless.py); a 3-turn chat through the prompt cache prefills only the new
+as tests/native/test_driver_lossless.py); a 3-turn chat through the prompt cache prefills only the new
 tokens and gives the text of a cold run. Negative control: with the rollback switched off (test
 hook) the greedy output is no longer the target's.
 """
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks/
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks/
 
 pytestmark = [pytest.mark.native]
 
@@ -310,7 +310,7 @@ def test_readme_targets_table_matches_llama_cpp():
 
     stateful = cases("llm_arch_is_recurrent") | cases("llm_arch_is_hybrid")
     native = cases("llm_arch_supports_rs_rollback") & stateful
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
     def row(mech):
         line = next(ln for ln in readme.splitlines() if ln.startswith(f"| `{mech}` | recurrent"))

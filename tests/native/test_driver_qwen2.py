@@ -100,5 +100,5 @@ def test_qwen2_cb_eval_greedy_equals_llama_cpp(native_ext, qwen25_05b_gguf, qwen
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared helpers
     print(json.dumps(_run_pair(sys.argv[1], sys.argv[2])))

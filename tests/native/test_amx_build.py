@@ -18,7 +18,7 @@ import pytest
 
 from benchmarks.upstream_driver import cpu_has_amx
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DRAFTER = ROOT / "models" / "smollm2-135m-dflash2.gguf"
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 
-MODELS = Path(__file__).resolve().parents[1] / "models"
+MODELS = Path(__file__).resolve().parents[2] / "models"
 GGUF = MODELS / "smollm2-135m-dflash2.gguf"
 META = MODELS / "smollm2-135m-dflash2.json"
 HF = MODELS / "SmolLM2-135M-DFlash2"

@@ -3,7 +3,7 @@
 Exact values on a hand-written byte-level BPE folder, the pre-tokenizer naming table, the
 refusals, and a whole conversion whose HF-folder tokenizer equals the one copied from the SmolLM2
 GGUF. Byte-for-byte agreement with upstream's converter on real tokenizers (SmolLM2, Qwen2.5) is
-in tests/test_upstream_compat.py::test_hf_target_folder_matches_upstream.
+in tests/convert/test_upstream_compat.py::test_hf_target_folder_matches_upstream.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ and pay where the output repeats its context.
 - Greedy: SmolLM2-135M asked to repeat a file it was shown gives the target-alone tokens with each
   source alone, with both, and with both beside the shipped DFlash drafter; the context sources
   draft and get accepted there.
-- Sampling: the chi-square test of tests/test_driver_lossless.py with context drafts alone, on a
+- Sampling: the chi-square test of tests/native/test_driver_lossless.py with context drafts alone, on a
   prompt that repeats the token the tiny target most expects after it (so drafts are accepted
   often); negative control: drawing the token after a rejection from p instead of the residual
   fails it.
@@ -20,15 +20,15 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks/
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks/
 
 pytestmark = pytest.mark.native
 
-SHIPPED = Path(__file__).resolve().parents[1] / "models" / "smollm2-135m-dflash2.gguf"
+SHIPPED = Path(__file__).resolve().parents[2] / "models" / "smollm2-135m-dflash2.gguf"
 
 
 def _copy_prompt():
-    code = (Path(__file__).resolve().parents[1] / "dflash2_gguf" / "decoder" / "detok.py").read_text()[:1800]
+    code = (Path(__file__).resolve().parents[2] / "dflash2_gguf" / "decoder" / "detok.py").read_text()[:1800]
     return [{"role": "user", "content": "Here is a Python file:\n```python\n" + code +
              "\n```\nRepeat the whole file exactly, changing nothing."}]
 
@@ -170,7 +170,7 @@ def test_bad_spec_type_is_refused(native_ext, tiny_llama):
 def test_target_sample_acceptance_gives_the_target_alone_text_for_a_seed(native_ext, smollm2_gguf):
     """spec_accept="target-sample" (llama-server's rule): at T = 1 with the shipped drafter and
     context drafts, every seed gives the target-alone text token for token; the default rejection
-    sampling gives other texts of the same distribution (tests/test_driver_lossless.py)."""
+    sampling gives other texts of the same distribution (tests/native/test_driver_lossless.py)."""
     from dflash2_gguf import DFlashDecoder, SamplingParams
 
     msgs = [{"role": "user", "content": "Natalia sold clips to 48 of her friends in April, and then she sold half "

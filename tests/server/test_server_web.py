@@ -1,5 +1,5 @@
 """The web page's routes, CORS as llama-server answers it, and the stream's draft marks (issue 41),
-against live servers (uvicorn on 127.0.0.1, see tests/test_server.py) with httpx.
+against live servers (uvicorn on 127.0.0.1, see tests/server/test_server.py) with httpx.
 
 CORS reference: tools/server/server-http.cpp at llama.cpp 0c1e570 (the pre-routing handler and
 ``origin_is_localhost``; defaults in common/common.h). Fake decoders for the routes and headers;
@@ -23,7 +23,7 @@ from test_server import _fake  # noqa: E402
 from dflash2_gguf.server.app import ServerSettings  # noqa: E402
 from dflash2_gguf.server.web import ASSET_DIR, origin_is_localhost  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PREFLIGHT = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization, content-type"}
 
 
