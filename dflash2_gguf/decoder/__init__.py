@@ -1,7 +1,9 @@
 """The decoder: the Python side of the native DFlash driver.
 
-- :mod:`.api`: :class:`~dflash2_gguf.decoder.api.DFlashDecoder` (models, generation, streaming,
-  the cost-model cache of the adaptive draft length), its results and statistics.
+- :mod:`.api`: :class:`~dflash2_gguf.decoder.api.DFlashDecoder` (models, generation, streaming),
+  its results and statistics.
+- :mod:`.cost_cache`: the cost models of the adaptive draft length kept between runs
+  (``<cache>/cost-models.json``).
 - :mod:`.sampling`: :class:`~dflash2_gguf.decoder.sampling.SamplingParams` and the sampling math
   as numpy twins of the native code.
 - :mod:`.params`: the one table of generation parameters (flags, request fields, native fields).

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
+from . import cost_cache
 from .sampling import SamplingParams
 
 __all__ = ["DFlashDecoder", "GenerationResult", "GenerationStats", "StreamChunk", "TokenLogprob"]
@@ -232,51 +233,6 @@ def _cut_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     return (text[:cut], True) if cut >= 0 else (text, False)
 
 
-def _cost_dict(c: Any) -> dict:
-    """A native CostModel as the dict that ``cost_model=`` takes and cost-models.json keeps."""
-    return {"verify_ms": list(c.verify_ms), "draft_ms": c.draft_ms, "rollback_ms": c.rollback_ms}
-
-
-def _file_id(path) -> Optional[list]:
-    """(real path, size, mtime) of a file: the cost-model cache key part of a model file."""
-    if path is None:
-        return None
-    st = os.stat(path)
-    return [os.path.realpath(path), st.st_size, st.st_mtime_ns]
-
-
-def _cost_models_path() -> Path:
-    """Where cost models and learnt policies are kept: ``$DFLASH2_GGUF_COST_MODELS``, else
-    ``<cache>/cost-models.json`` (``<cache>``: :func:`dflash2_gguf.assets.cache_dir`)."""
-    from ..assets import cache_dir
-
-    return Path(os.environ.get("DFLASH2_GGUF_COST_MODELS") or cache_dir() / "cost-models.json")
-
-
-def _load_cost_models() -> dict:
-    try:
-        return json.loads(_cost_models_path().read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _whole_cost_model(verify_ms: Any, block_size: int) -> bool:
-    """Whether ``verify_ms`` holds a positive time for every row count 1..block_size."""
-    return (isinstance(verify_ms, (list, tuple)) and len(verify_ms) >= block_size
-            and all(isinstance(x, (int, float)) and x > 0 for x in verify_ms))
-
-
-def _save_cost_model(key: str, d: dict) -> None:
-    """Add one measured cost model to the cache file (written to a temp file, then renamed)."""
-    path = _cost_models_path()
-    models = _load_cost_models()
-    models[key] = d
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")  # server slots save from threads
-    tmp.write_text(json.dumps(models, indent=1))
-    os.replace(tmp, path)
-
-
 class DFlashDecoder:
     """A target GGUF plus an optional DFlash/DFlash 2 drafter GGUF, decoded by the native driver.
 
@@ -402,8 +358,8 @@ class DFlashDecoder:
         self.drafter_path = None if drafter is None else str(drafter)
         if not (cost_model in ("auto", None) or isinstance(cost_model, Mapping)):
             raise ValueError("cost_model must be 'auto', None or {'verify_ms': [...], 'draft_ms': float}")
-        self._cost_key = json.dumps([_file_id(target), _file_id(drafter), o.n_threads, o.n_threads_draft,
-                                     o.n_gpu_layers, o.n_gpu_layers_draft, o.flash_attn, o.repack,
+        self._cost_key = json.dumps([cost_cache.file_id(target), cost_cache.file_id(drafter), o.n_threads,
+                                     o.n_threads_draft, o.n_gpu_layers, o.n_gpu_layers_draft, o.flash_attn, o.repack,
                                      n.PINNED_LLAMA_CPP_COMMIT])
         self._engine = n.Engine(o)
         self._cost_mode = cost_model
@@ -444,10 +400,10 @@ class DFlashDecoder:
         if getattr(self, "_cost_mode", None) != "auto" or not eng.has_drafter:
             return
         c = eng.cost_model()
-        if not _whole_cost_model(c.verify_ms, eng.block_size):
+        if not cost_cache.is_whole(c.verify_ms, eng.block_size):
             return  # only what cycles observed (never measured or loaded)
         try:
-            _save_cost_model(self._cost_key, {"verify_ms": list(c.verify_ms), "draft_ms": c.draft_ms,
+            cost_cache.save(self._cost_key, {"verify_ms": list(c.verify_ms), "draft_ms": c.draft_ms,
                                               "policy": dict(eng.policy_state())})
         except OSError:
             pass  # a read-only cache costs the next run a measurement, nothing else
@@ -512,16 +468,16 @@ class DFlashDecoder:
         before it is measured or set): ms of a target pass over 1, 2, ... rows, of a drafter pass,
         and of rolling a recurrent target back by checkpoint per drafting cycle (0 elsewhere)."""
         c = self.engine.cost_model()
-        return _cost_dict(c) if c.valid else None
+        return cost_cache.as_dict(c) if c.valid else None
 
     def measure_cost_model(self, reps: int = 3, save: bool = True) -> dict:
         """Measure the cost model now (clears the prompt cache) and, with ``save``, keep it in
         ``<cache>/cost-models.json`` for later decoders of the same files and settings."""
         with self._lock:
             c = self.engine.measure_costs(int(reps))
-        d = _cost_dict(c)
+        d = cost_cache.as_dict(c)
         if save:
-            _save_cost_model(self._cost_key, d)
+            cost_cache.save(self._cost_key, d)
         return d
 
     def _set_costs(self, d: Mapping[str, Any], fixed: bool = True) -> None:
@@ -538,10 +494,10 @@ class DFlashDecoder:
 
     def _ensure_costs(self) -> None:
         rows = max(self.block_size, self._context_draft_max + 1)  # a DFlash block, the longest context draft
-        if self._cost_mode != "auto" or _whole_cost_model(self.engine.cost_model().verify_ms, rows):
+        if self._cost_mode != "auto" or cost_cache.is_whole(self.engine.cost_model().verify_ms, rows):
             return  # set, or whole (fixed-k cycles alone observe some row counts only)
-        saved = _load_cost_models().get(self._cost_key)
-        if not isinstance(saved, Mapping) or not _whole_cost_model(saved.get("verify_ms"), rows):
+        saved = cost_cache.load().get(self._cost_key)
+        if not isinstance(saved, Mapping) or not cost_cache.is_whole(saved.get("verify_ms"), rows):
             self.measure_cost_model()  # none saved, or a damaged / partial entry
             return
         self._set_costs(saved, fixed=False)
