@@ -40,11 +40,14 @@ const char * source_name(int index);
 
 // Parameters of the context sources (llama.cpp's --spec-ngram-* flags; defaults: see the fields).
 struct NgramParams {
+    // llama.cpp's defaults at 0c1e570 (common/common.h) except simple_size_n: llama.cpp looks up
+    // 12 tokens; here the longest suffix of at least 2 is looked up, and how far a short match is
+    // trusted is learnt (ContextCalibration), so short matches (identifiers, JSON keys) draft too.
     int simple_size_n = 2;   // --spec-ngram-simple-size-n: the shortest suffix looked up
-    int simple_size_m = 16;  // --spec-ngram-simple-size-m: the most drafts
-    int mod_n_match   = 16;  // --spec-ngram-mod-n-match: pool n-gram length
-    int mod_n_max     = 16;  // --spec-ngram-mod-n-max: the most drafts
-    int mod_n_min     = 1;   // --spec-ngram-mod-n-min: fewer chained drafts than this: none
+    int simple_size_m = 48;  // --spec-ngram-simple-size-m: the most drafts
+    int mod_n_match   = 24;  // --spec-ngram-mod-n-match: pool n-gram length
+    int mod_n_max     = 64;  // --spec-ngram-mod-n-max: the most drafts
+    int mod_n_min     = 48;  // --spec-ngram-mod-n-min: fewer chained drafts than this: none
     void validate() const;   // std::invalid_argument naming the bad field
 };
 

@@ -15,7 +15,16 @@ double ema(double old, double x) { return old <= 0.0 ? x : (1.0 - kAlpha) * old 
 void CostModel::observe_verify(int rows, double ms) {
     if (fixed || rows < 1 || ms <= 0.0) return;
     if ((int) verify_ms.size() < rows) verify_ms.resize(rows, 0.0);
-    verify_ms[rows - 1] = ema(verify_ms[rows - 1], ms);
+    const double old = verify_ms[rows - 1];
+    verify_ms[rows - 1] = ema(old, ms);
+    // A one-row pass sets the level of the whole curve: what moves it (load on the machine, a
+    // longer context) moves every row count alike, so the others follow by the same factor and
+    // the shape (the ratios, which decide k) changes only where that row count is observed.
+    // Otherwise a row count the policy stopped picking would keep the level it had then.
+    if (rows == 1 && old > 0.0) {
+        const double f = verify_ms[0] / old;
+        for (size_t r = 1; r < verify_ms.size(); ++r) verify_ms[r] *= f;
+    }
 }
 
 void CostModel::observe_draft(double ms) {

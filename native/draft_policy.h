@@ -31,6 +31,7 @@ struct CostModel {
     bool fixed = false;  // set by the caller: observe_* leave it as it is
     bool valid() const { return !verify_ms.empty() && verify_ms[0] > 0.0; }
     // Exponential moving average update with a new measurement (alpha 0.1; the first sets it).
+    // A one-row measurement scales every row count by the factor it moved verify_ms[0] by.
     void observe_verify(int rows, double ms);
     void observe_draft(double ms);
     void observe_rollback(double ms);

@@ -123,7 +123,10 @@ Engine::Engine(const EngineOptions & opt) : opt_(opt) {
         if (opt.context_draft_max < 0) throw std::invalid_argument("context_draft_max must be >= 0");
         // (fewer than n_batch - 1: libllama keeps the trailing 1 + n_rs_seq tokens in one ubatch,
         // llama_batch_allocr::split_equal; a cycle then verifies at most that many drafts)
-        const int n_rollback_max = std::min(std::max(want_dft ? block_size_ - 1 : 0, opt.context_draft_max),
+        // Context drafts past kRecurrentContextDrafts are not worth a snapshot each: a recurrent state
+        // is tens of MB on real models (a cycle then verifies at most that many context drafts).
+        const int n_rollback_max = std::min(std::max(want_dft ? block_size_ - 1 : 0,
+                                                     std::min(opt.context_draft_max, kRecurrentContextDrafts)),
                                             n_batch_tgt_ - 2);
         TargetMemory::configure(model_tgt_, n_rollback_max, cp);
         ctx_tgt_ = llama_init_from_model(model_tgt_, cp);
@@ -376,9 +379,13 @@ CostModel Engine::measure_costs(int reps) {
     require_open();
     if (reps < 1) throw std::invalid_argument("reps must be >= 1");
     const int n = std::min(48, n_ctx_tgt_ / 2);
-    // rows: a DFlash block and the longest context draft + its anchor; past 8 rows every 4th and
-    // the last are measured, the others interpolated (the cost is close to linear there)
+    // rows: a DFlash block and the longest context draft + its anchor; past 8 rows every 4th up to
+    // 16, every 8th up to 32, every 16th after, and the last are measured, the others interpolated
+    // (the cost is close to linear there)
     const int rows = std::max({block_size_, 1, opt_.context_draft_max + 1});
+    auto measured_row = [rows](int r) {
+        return r <= 8 || r == rows || (r <= 16 && r % 4 == 0) || (r <= 32 && r % 8 == 0) || r % 16 == 0;
+    };
     if (n + rows + 1 > n_ctx_tgt_) throw Error(kErrContextFull, "n_ctx is too small to measure the cost model");
     forget_cache();
     std::vector<int32_t> toks(n + rows);
@@ -406,7 +413,7 @@ CostModel Engine::measure_costs(int reps) {
     };
     std::vector<int> measured;
     for (int r = 1; r <= rows; ++r) {
-        if (r > 8 && r != rows && (r - 8) % 4 != 0) continue;
+        if (!measured_row(r)) continue;
         measured.push_back(r);
         std::vector<double> t;
         for (int i = 0; i < reps + 1; ++i) {  // the first pass warms up

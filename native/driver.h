@@ -35,6 +35,10 @@ namespace dflash2 {
 // names what differs and how to fix it.
 std::string check_libllama();
 
+// The most context drafts a cycle verifies on a recurrent target with native rollback: each
+// verified draft costs one recurrent-state snapshot (libllama's n_rs_seq).
+constexpr int kRecurrentContextDrafts = 16;
+
 // Construction options. Sizes are in tokens; n_gpu_layers as in llama.cpp (-1 = all).
 struct EngineOptions {
     std::string target_path;
@@ -50,8 +54,10 @@ struct EngineOptions {
     bool kv_f32_draft       = false;// F32 drafter K/V cache (parity tests); default F16
     bool repack             = true; // llama.cpp --repack: CPU weight repacking (use_extra_bufts), both models
     std::string capture     = "auto"; // "auto" | "layer_inp" | "cb_eval"
-    int  context_draft_max  = 16;   // the most context drafts a cycle verifies (context_drafter.h);
-                                    // a recurrent target keeps max(this, block - 1) state snapshots
+    int  context_draft_max  = 64;   // the most context drafts a cycle verifies (context_drafter.h;
+                                    // llama.cpp's --spec-ngram-mod-n-max default); a recurrent target
+                                    // keeps max(min(this, kRecurrentContextDrafts), block - 1) state
+                                    // snapshots and verifies at most that many drafts a cycle
     bool swa_full           = false;// llama.cpp --swa-full: a sliding-window target keeps every cell
                                     // (off: n_swa + n_batch cells, as llama-server; target_memory.h)
     int64_t cache_ram_mib   = 1024; // RAM prompt cache (llama-server --cache-ram): saved prefixes

@@ -274,8 +274,9 @@ class DFlashDecoder:
             keeps the window plus one batch, and a prompt that reuses a prefix whose window has
             been overwritten restarts from a prompt checkpoint (native/target_memory.h).
         context_draft_max: The most context drafts (``spec_type`` ngram-simple / ngram-mod) a
-            cycle verifies; a target with a recurrent state keeps that many snapshots of it
-            (memory) when its architecture rolls back natively. 0 turns context drafts off.
+            cycle verifies (64: llama.cpp's ngram-mod n_max). A target with a recurrent state
+            that rolls back natively keeps one snapshot of it per draft (memory), so there at
+            most 16 context drafts are verified a cycle. 0 turns context drafts off.
         spec_type: The draft sources of this decoder's generations when a call gives none
             (:meth:`generate`'s ``spec_type``; None: all three with a drafter, none without).
         verbose: Print llama.cpp's own log (model loading, contexts) to stderr; otherwise only
@@ -311,7 +312,7 @@ class DFlashDecoder:
         capture: str = "auto",
         cache_ram_mib: int = 1024,
         swa_full: bool = False,
-        context_draft_max: int = 16,
+        context_draft_max: int = 64,
         spec_type: Union[str, Sequence[str], None] = None,
         cost_model: Union[str, Mapping[str, Any], None] = "auto",
         verbose: bool = False,
@@ -648,10 +649,10 @@ class DFlashDecoder:
         n_keep: int = 0,
         n_discard: int = 0,
         spec_ngram_simple_size_n: int = 2,
-        spec_ngram_simple_size_m: int = 16,
-        spec_ngram_mod_n_match: int = 16,
-        spec_ngram_mod_n_max: int = 16,
-        spec_ngram_mod_n_min: int = 1,
+        spec_ngram_simple_size_m: int = 48,
+        spec_ngram_mod_n_match: int = 24,
+        spec_ngram_mod_n_max: int = 64,
+        spec_ngram_mod_n_min: int = 48,
         stream: bool = False,
         _test_fault: int = 0,
         **sampling_overrides: Any,

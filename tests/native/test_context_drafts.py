@@ -150,7 +150,7 @@ def test_ngram_mod_pool_outlives_the_request(native_ext, smollm2_gguf):
     with DFlashDecoder(str(smollm2_gguf), None, n_ctx=2048, n_threads=1) as dec:
         msgs = [{"role": "user", "content": "Write a short poem about the sea."}]
         kw = dict(max_tokens=60, temperature=0, ignore_eos=True, spec_type="ngram-mod", adaptive=False,
-                  cache_prompt=False, spec_ngram_mod_n_match=4)
+                  cache_prompt=False, spec_ngram_mod_n_match=4, spec_ngram_mod_n_min=1)
         first = dec.generate(messages=msgs, **kw)
         second = dec.generate(messages=msgs, **kw)
     assert second.tokens == first.tokens
