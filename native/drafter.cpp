@@ -69,10 +69,12 @@ void Drafter::inject(const float * feats, int n_rows, int width, int pos0) {
     }
 }
 
-void Drafter::run_block(int32_t anchor, int pos0) {
+void Drafter::run_block(int32_t anchor, int pos0, const std::vector<int32_t> & prefix) {
+    if ((int) prefix.size() >= o_.block_size) throw std::invalid_argument("a block prefix fills the whole block");
     llama_batch_ext_clear(batch_);
     for (int i = 0; i < o_.block_size; ++i) {
-        const int idx = llama_batch_ext_add_token(batch_, 0, i == 0 ? anchor : mask_);
+        const int32_t t = i == 0 ? anchor : i <= (int) prefix.size() ? prefix[i - 1] : mask_;
+        const int idx = llama_batch_ext_add_token(batch_, 0, t);
         if (idx < 0) throw Error(kErrInternal, "llama_batch_ext_add_token failed (" + std::to_string(idx) + ")");
         const llama_pos p = pos0 + i;
         const llama_pos pa[4] = {p, p, p, 0};
@@ -88,20 +90,30 @@ void Drafter::remove_from(int pos) { llama_memory_seq_rm(llama_get_memory(ctx_),
 
 void Drafter::clear() { llama_memory_clear(llama_get_memory(ctx_), true); }
 
-int Drafter::draft(int32_t anchor, int pos0, int k_max, const SamplingOptions & so, const SamplerState & state,
-                   Rng & rng, const KeepDraft & keep, std::vector<DraftRow> & out) {
-    run_block(anchor, pos0);
+int Drafter::draft(int32_t anchor, int pos0, int k_max, const std::vector<int32_t> & prefix, const SamplingOptions & so,
+                   const SamplerState & state, Rng & rng, const KeepDraft & keep, std::vector<DraftRow> & out) {
+    run_block(anchor, pos0, prefix);
     out.clear();
     const bool greedy = so.greedy();
     const int nd = o_.block_size - 1;
+    const int m = (int) prefix.size();
+    const int n_max = k_max - m;  // rows this walk may add
     SamplerState st = state;  // advanced with the drafts (grammar)
-    if (o_.top_k > 0) {
+    if (st.has_grammar()) for (int32_t t : prefix) st.accept(t);
+    if (o_.top_k > 0 && n_max > 0) {
         const int K = o_.top_k;
         const float * lat = llama_get_embeddings_nextn(ctx_);
         if (!lat) throw Error(kErrInternal, "DFlash 2 drafter produced no selector lattice");
         std::vector<int32_t> cand(K);
         int pred = 0;  // row 1's scores repeat the anchor's for every predecessor slot
-        for (int i = 1; i <= nd && (int) out.size() < k_max; ++i) {
+        if (m > 0) {
+            // continuing a prefix: the scores after its last token are those of that token's slot
+            // among row m's candidates; a prefix that left the candidates has no path to continue
+            const float * row = lat + (size_t) m * n_embd_;
+            pred = -1;
+            for (int b = 0; b < K && pred < 0; ++b) if ((int32_t) row[b] == prefix[m - 1]) pred = b;
+        }
+        for (int i = m + 1; pred >= 0 && i <= nd && (int) out.size() < n_max; ++i) {
             const float * row = lat + (size_t) i * n_embd_;
             const float * scores = row + K + (size_t) pred * K;
             for (int b = 0; b < K; ++b) cand[b] = (int32_t) row[b];
@@ -117,7 +129,7 @@ int Drafter::draft(int32_t anchor, int pos0, int k_max, const SamplingOptions & 
                 double z = 0;
                 for (int b = 0; b < K; ++b) if (ok_[b]) z += std::exp((double) scores[b] - mx);
                 d.conf = (float) (1.0 / z);
-                if (!keep((int) out.size(), d.conf)) break;
+                if (!keep(m + (int) out.size(), d.conf)) break;
             }
             int j = best;
             if (!greedy) {
@@ -135,8 +147,8 @@ int Drafter::draft(int32_t anchor, int pos0, int k_max, const SamplingOptions & 
             if (st.has_grammar()) st.accept(cand[j]);
             pred = j;
         }
-    } else {
-        for (int i = 1; i <= nd && (int) out.size() < k_max; ++i) {
+    } else if (n_max > 0) {
+        for (int i = m + 1; i <= nd && (int) out.size() < n_max; ++i) {
             const float * lg = llama_get_logits_ith(ctx_, i);
             st.process(lg, n_vocab_, buf_, /*grammar*/ true);  // the target's bias / penalties / grammar
             DraftRow d;
@@ -146,7 +158,7 @@ int Drafter::draft(int32_t anchor, int pos0, int k_max, const SamplingOptions & 
                 double z = 0;
                 for (int v = 0; v < n_vocab_; ++v) z += std::exp((double) buf_[v] - mx);
                 d.conf = (float) (1.0 / z);
-                if (!keep((int) out.size(), d.conf)) break;
+                if (!keep(m + (int) out.size(), d.conf)) break;
             }
             int32_t t;
             if (greedy) {

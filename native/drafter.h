@@ -46,8 +46,14 @@ class Drafter {
     void inject(const float * feats, int n_rows, int width, int pos0);
     // One block pass at pos0 (every row an output: flagging only some rows shifts
     // llama_get_logits_ith by one). The caller reads logits / lattice, then calls drop_block.
-    void run_block(int32_t anchor, int pos0);
+    // `prefix` (fewer than block_size tokens) takes the place of the first mask tokens.
+    void run_block(int32_t anchor, int pos0, const std::vector<int32_t> & prefix = {});
     // Draft at most k_max tokens after `anchor` at position pos0 into `out` (cleared first).
+    // `prefix`: drafts already chosen for block positions 1..m (context drafts, m < block_size):
+    // the block pass sees them instead of mask tokens and the walk continues after them, from
+    // the slot of the prefix's last token among row m's candidates (none there: no drafts), so
+    // `out` receives at most k_max - m rows for positions m + 1.. (keep() is asked with the
+    // overall index m + j).
     // `state`: the committed sampler state (grammar / bias / penalties, cloned here; may be
     // without grammar). Before drawing draft i (0-based) the walk computes the row's confidence
     // (temperature-1 probability of its most likely allowed token, given the drafts before it)
@@ -56,8 +62,8 @@ class Drafter {
     // on the drafts before it, never on draft i itself (a rule that looked at the drawn token,
     // e.g. its own probability, would bias the output). Returns the number of drafts.
     using KeepDraft = std::function<bool(int i, float confidence)>;
-    int draft(int32_t anchor, int pos0, int k_max, const SamplingOptions & so, const SamplerState & state, Rng & rng,
-              const KeepDraft & keep, std::vector<DraftRow> & out);
+    int draft(int32_t anchor, int pos0, int k_max, const std::vector<int32_t> & prefix, const SamplingOptions & so,
+              const SamplerState & state, Rng & rng, const KeepDraft & keep, std::vector<DraftRow> & out);
     // Remove cells >= pos from the drafter cache (the block, or rows past a cached prefix).
     void remove_from(int pos);
     void clear();

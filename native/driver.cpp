@@ -608,7 +608,26 @@ Chunk Engine::step() {
         if (k_max == 0 || !adaptive) use_ctx = true;
         else use_ctx = gate_.rate() >= 0.0 ? ctx_rate >= gate_.rate() : !gate_.open(cost_);
     }
-    const bool run_drafter = !use_ctx && k_max > 0 && (!adaptive || gate_.draft_now(cost_));
+    // Context drafts continued by the DFlash block: the context drafts fill the block's first
+    // k_ctx positions (instead of mask tokens) and the lattice walk drafts on after them. Without
+    // adaptation whenever the context draft is shorter than the block; adaptive, when the gate is
+    // open and what DFlash cycles have been adding (their expected accepted drafts, reached if
+    // every context draft is accepted) pays the drafter pass and the longer verify pass.
+    bool continued = false;
+    if (use_ctx && k_ctx < k_max) {
+        if (!adaptive) {
+            continued = true;
+        } else if (dfl_tokens_ > 1.0 && gate_.rate() > 0.0 && gate_.open(cost_)) {
+            double p_all = 1.0;
+            for (int i = 0; i < k_ctx; ++i) p_all *= std::clamp(ctx_acc_[i], 0.0, 1.0);
+            const int k_cont = std::min(k_max, k_ctx + (int) std::lround(dfl_k_));
+            const double r = (expected_tokens(ctx_acc_, k_ctx) + p_all * (dfl_tokens_ - 1.0)) /
+                             (cost_.verify_ms[k_cont] + cost_.draft_ms + cost_.rollback_ms);
+            continued = r > ctx_rate;
+        }
+    }
+    const int k_prefix = continued ? k_ctx : 0;  // drafts_[0, k_prefix) come from the context
+    const bool run_drafter = continued || (!use_ctx && k_max > 0 && (!adaptive || gate_.draft_now(cost_)));
     if (k_max > 0 && !run_drafter) stats_.n_drafter_skipped++;
     double t0 = now_ms();
     int k = use_ctx ? k_ctx : 0;
@@ -616,7 +635,7 @@ Chunk Engine::step() {
     // Which drafts to verify, decided row by row BEFORE each draft is drawn (drafter.h): p_min on
     // the row's confidence, and the adaptive policy: continue while the best k, with this row's
     // calibrated acceptance assumed for the rows after it, still includes this row.
-    std::vector<double> acc;
+    std::vector<double> acc(ctx_acc_.begin(), ctx_acc_.begin() + (continued ? k_ctx : 0));
     auto keep = [&](int i, float conf) {
         if (gp_.p_min > 0.0f && conf < gp_.p_min) return false;
         if (!adaptive) return true;
@@ -640,20 +659,31 @@ Chunk Engine::step() {
             stats_.t_inject_ms += t_flush - t0;
             t0 = t_flush;
         }
-        k = dft_->draft(anchor, P, k_max, gp_.sampling, state_,
-                        gp_.accept_mode == kAcceptTargetSample ? rng_draft_ : rng_, keep, drafts_);
+        std::vector<int32_t> prefix(k_prefix);
+        for (int i = 0; i < k_prefix; ++i) prefix[i] = drafts_[i].token;
+        k = k_prefix + dft_->draft(anchor, P, k_max, prefix, gp_.sampling, state_,
+                                   gp_.accept_mode == kAcceptTargetSample ? rng_draft_ : rng_, keep, cont_);
+        drafts_.resize(k_prefix);
+        for (DraftRow & row : cont_) drafts_.push_back(std::move(row));
         draft_ms = now_ms() - t0;
         stats_.t_draft_ms += draft_ms;
         cost_.observe_draft(draft_ms);
     }
     double pred_tokens = 1.0, pred_ms = adaptive ? cost_.verify_ms[0] : 0.0;
-    if (adaptive && use_ctx && (int) cost_.verify_ms.size() > k) {
+    if (adaptive && continued) {
+        pred_tokens = expected_tokens(acc, k);
+        pred_ms = cost_.verify_ms[k] + cost_.draft_ms + cost_.rollback_ms;
+    } else if (adaptive && use_ctx && (int) cost_.verify_ms.size() > k) {
         pred_tokens = expected_tokens(ctx_acc_, k);
         pred_ms = cost_.verify_ms[k] + cost_.rollback_ms;
     } else if (adaptive && run_drafter) {
         pred_tokens = expected_tokens(acc, k);
         pred_ms = cost_.verify_ms[k] + cost_.draft_ms + (k > 0 ? cost_.rollback_ms : 0.0);
         gate_.observe_drafting(pred_tokens / pred_ms);
+        // what a DFlash cycle adds, for continuing context drafts with the block
+        constexpr double a = 0.3;
+        dfl_tokens_ = dfl_tokens_ < 0.0 ? pred_tokens : (1.0 - a) * dfl_tokens_ + a * pred_tokens;
+        dfl_k_ = dfl_k_ < 0.0 ? k : (1.0 - a) * dfl_k_ + a * k;
     }
 
     // verify [anchor, d1..dk] in one target pass (a recurrent target without native rollback
@@ -701,18 +731,25 @@ Chunk Engine::step() {
         if (ar.next < 0) throw Error(kErrInternal, "no token is allowed here (the grammar and logit_bias ban every token)");
     }
     const int a = ar.n_accepted;
+    // the context rows: drafts_[0, k_ctx_rows), the drafter's after them
+    const int k_ctx_rows = continued ? k_prefix : use_ctx ? k : 0;
     if (run_drafter) {  // calibrate the drafter's confidence: drafts reached, accepted or not
-        for (int i = 0; i < k && i <= a; ++i) calib_.observe(drafts_[i].conf, i < a);
+        for (int i = k_ctx_rows; i < k && i <= a; ++i) calib_.observe(drafts_[i].conf, i < a);
     }
     if (use_ctx) {  // and each context source's acceptance by match length
-        for (int i = 0; i < k && i <= a; ++i) ctx_calib_.observe(ctx_src, ctx_match + i, i < a);
+        for (int i = 0; i < k_ctx_rows && i <= a; ++i) ctx_calib_.observe(ctx_src, ctx_match + i, i < a);
     }
-    if (k > 0) {
-        const int si = use_ctx ? ctx_src : 0;
-        stats_.src_cycles[si]++;
-        stats_.src_drafted[si] += k;
-        stats_.src_accepted[si] += a;
+    if (k_ctx_rows > 0) {
+        stats_.src_cycles[ctx_src]++;
+        stats_.src_drafted[ctx_src] += k_ctx_rows;
+        stats_.src_accepted[ctx_src] += std::min(a, k_ctx_rows);
     }
+    if (k > k_ctx_rows) {
+        stats_.src_cycles[0]++;
+        stats_.src_drafted[0] += k - k_ctx_rows;
+        stats_.src_accepted[0] += std::max(0, a - k_ctx_rows);
+    }
+    if (continued && k > k_ctx_rows) stats_.n_continued++;
     stats_.n_cycles++;
     if ((int) stats_.k_hist.size() <= k) stats_.k_hist.resize(k + 1, 0);
     stats_.k_hist[k]++;

@@ -131,6 +131,8 @@ struct Stats {
     int64_t src_cycles[kNumSources] = {};    // cycles whose drafts came from the source
     int64_t src_drafted[kNumSources] = {};   // drafts it sent to verification
     int64_t src_accepted[kNumSources] = {};  // of those, accepted
+    int64_t n_continued = 0;  // cycles whose context drafts the DFlash block continued (rows
+                              // counted per source above: the context's, then draft-dflash's)
 };
 
 // Tokens committed by one call to begin() (the prefill's first token) or step() (one cycle).
@@ -265,6 +267,9 @@ class Engine {
     NgramPool pool_;               // shared across generations (llama.cpp shares it across a slot's)
     ContextCalibration ctx_calib_;
     std::vector<double> ctx_acc_;  // the chosen context drafts' predicted acceptance
+    // DFlash cycles' expected tokens and drafts (EMA; -1: none yet), to price continuing context
+    // drafts with the block (Engine::step)
+    double dfl_tokens_ = -1.0, dfl_k_ = -1.0;
     int context_drafts(int k_cap, bool adaptive, int & source, int & match_len, double & rate);
 
     // adaptive draft length
@@ -279,7 +284,7 @@ class Engine {
     void truncate_features(int n);
 
     // per-cycle scratch
-    std::vector<DraftRow> drafts_;
+    std::vector<DraftRow> drafts_, cont_;
     std::vector<float> probs_, logits_, lp_, feat_;
     std::vector<uint8_t> ok_;
 };

@@ -90,6 +90,7 @@ nb::dict stats_dict(const dflash2::Stats & s) {
     d["t_rollback_ms"] = s.t_rollback_ms;
     d["n_checkpoints"] = s.n_checkpoints;
     d["n_ctx_shifts"] = s.n_ctx_shifts;
+    d["n_continued"] = s.n_continued;
     nb::dict src;
     for (int i = 0; i < dflash2::kNumSources; ++i) {
         nb::dict e;

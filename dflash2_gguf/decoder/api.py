@@ -82,7 +82,10 @@ class GenerationStats:
         n_ctx_shifts: Context shifts (``context_shift``) during this generation.
         sources: Per draft source (``"draft-dflash"``, ``"ngram-simple"``, ``"ngram-mod"``):
             ``{"cycles": cycles its drafts were verified in, "drafted": drafts verified,
-            "accepted": drafts accepted}``.
+            "accepted": drafts accepted}``. A cycle whose context drafts the DFlash block
+            continued counts for both sources, each with its own rows.
+        n_continued: Cycles whose context drafts the DFlash block continued (the context drafts
+            in place of the block's first mask tokens, the lattice walk after them).
     """
 
     n_prompt: int
@@ -116,6 +119,7 @@ class GenerationStats:
     n_checkpoints: int = 0
     sources: dict = dataclasses.field(default_factory=dict)
     n_ctx_shifts: int = 0
+    n_continued: int = 0
 
     @classmethod
     def _from_native(cls, d: Mapping[str, Any]) -> "GenerationStats":
@@ -155,6 +159,7 @@ class GenerationStats:
             t_rollback_s=d["t_rollback_ms"] / 1000.0,
             n_checkpoints=int(d["n_checkpoints"]),
             n_ctx_shifts=int(d["n_ctx_shifts"]),
+            n_continued=int(d["n_continued"]),
             sources={str(k): {kk: int(vv) for kk, vv in v.items()} for k, v in d["sources"].items()},
         )
 

@@ -7,7 +7,11 @@ and pay where the output repeats its context.
 - Sampling: the chi-square test of tests/native/test_driver_lossless.py with context drafts alone, on a
   prompt that repeats the token the tiny target most expects after it (so drafts are accepted
   often); negative control: drawing the token after a rejection from p instead of the residual
-  fails it.
+  fails it. The same with a one-token context draft continued by the DFlash block (the block
+  sees the context token in place of its first mask token and drafts on; a v1 drafter: a random
+  v2 drafter's candidates seldom hold the context token, where its walk has no path to continue
+  from; the v2 walk is checked at T = 0 on SmolLM2); negative control: the wrong acceptance rule
+  on the drafter's rows fails it.
 - Penalties and a grammar with context drafts: greedy output equal to the target alone.
 - A hybrid target (tiny qwen35) with context drafts alone rolls back natively and stays exact.
 - ngram-mod's pool outlives a request: the same request again drafts its output from the start.
@@ -60,6 +64,21 @@ def test_greedy_copy_task_identical(native_ext, smollm2_gguf, smol_alone, spec_t
             assert v["cycles"] == 0, (name, r.stats.sources)
 
 
+def test_greedy_continued_by_dflash_identical(native_ext, smollm2_gguf, smol_alone):
+    """Context drafts of at most 2 tokens, each continued by the shipped drafter's block (without
+    adaptation a context draft shorter than the block is continued): the target-alone tokens,
+    and the drafter's rows are drafted and accepted after context rows."""
+    from dflash2_gguf import DFlashDecoder
+
+    with DFlashDecoder(str(smollm2_gguf), str(SHIPPED), n_ctx=2048, n_threads=1) as dec:
+        r = dec.generate(messages=_copy_prompt(), max_tokens=120, temperature=0, ignore_eos=True,
+                         spec_type="draft-dflash,ngram-simple", adaptive=False, spec_ngram_simple_size_m=2)
+    assert r.tokens == smol_alone.tokens
+    src = r.stats.sources
+    assert r.stats.n_continued > 10 and src["draft-dflash"]["accepted"] > 0 and src["ngram-simple"]["accepted"] > 0, src
+    assert r.stats.n_drafted == src["draft-dflash"]["drafted"] + src["ngram-simple"]["drafted"]
+
+
 def test_adaptive_choice_identical_and_counted(native_ext, smollm2_gguf, smol_alone):
     """The adaptive default (measured cost model) picks among the sources; same tokens."""
     from dflash2_gguf import DFlashDecoder
@@ -104,6 +123,41 @@ def test_negative_control_residual_with_context_drafts(native_ext, tiny_llama):
                     spec_type="ngram-simple")
     print("residual-from-p p-values", pvals)
     assert min(pvals[1:]) < 1e-6, pvals
+
+
+# a one-token context draft (size_m 1) continued by the block; 4 tokens so that the first cycle
+# may verify 2 drafts (tokens 2 and 3: the context draft, then the drafter's first row)
+_CONTINUED = dict(n_tokens=4, spec_type="draft-dflash,ngram-simple", adaptive=False, spec_ngram_simple_size_m=1)
+
+
+def test_sampling_lossless_context_drafts_continued_by_dflash(native_ext, tiny_llama, tiny_drafters):
+    import dataclasses
+
+    from dflash2_gguf import DFlashDecoder
+    from test_driver_lossless import _run, _sp
+
+    prompt = _repeat_prompt(tiny_llama)
+    sp = _sp(temperature=0.4)
+    gen = {k: v for k, v in _CONTINUED.items() if k != "n_tokens"}
+    with DFlashDecoder(tiny_llama, tiny_drafters[1], n_ctx=64, n_threads=1) as dec:
+        runs = [dec.generate(prompt, max_tokens=4, sampling=dataclasses.replace(sp, seed=s), ignore_eos=True, **gen)
+                for s in range(100)]
+    cont = [r for r in runs if r.stats.n_continued > 0]
+    assert len(cont) > 30 and sum(r.stats.sources["draft-dflash"]["accepted"] for r in cont) > 0
+    pvals, from_draft = _run(tiny_llama, tiny_drafters[1], sp, prompt=prompt, **_CONTINUED)
+    print("p-values", pvals, "second token from a draft", from_draft)
+    assert min(pvals) > 1e-3, pvals
+
+
+def test_negative_control_continued_wrong_rule(native_ext, tiny_llama, tiny_drafters):
+    """Accepting the drafter's continuation rows with u < p (ignoring their q) must fail: the
+    test sees the continued rows."""
+    from test_driver_lossless import _run, _sp
+
+    pvals, _ = _run(tiny_llama, tiny_drafters[1], _sp(temperature=0.4), fault=1, prompt=_repeat_prompt(tiny_llama),
+                    **_CONTINUED)
+    print("wrong-rule p-values", pvals)
+    assert min(pvals[2:]) < 1e-6, pvals
 
 
 @pytest.mark.parametrize("params", [dict(presence_penalty=1.5, frequency_penalty=0.5, repeat_penalty=1.3),

@@ -88,9 +88,10 @@ def _chi2_pvalue(counts, probs):
     return float(chisquare(obs_b, exp_b).pvalue)
 
 
-def _run(target, drafter, sp, fault=0, prompt=PROMPT, **gen):
+def _run(target, drafter, sp, fault=0, prompt=PROMPT, n_tokens=3, **gen):
     """(p-values of the 3 marginals, fraction of runs whose second token came from a draft);
-    ``gen``: more ``generate`` keywords (e.g. ``spec_type``)."""
+    ``gen``: more ``generate`` keywords (e.g. ``spec_type``). ``n_tokens`` > 3 lets the first
+    cycle verify more drafts (its cap is the tokens left - 1); the first 3 tokens are tested."""
     import dataclasses
 
     from dflash2_gguf import DFlashDecoder
@@ -107,10 +108,10 @@ def _run(target, drafter, sp, fault=0, prompt=PROMPT, **gen):
 
     with DFlashDecoder(target, drafter, n_ctx=64, n_threads=1, cost_model=FLAT_COSTS) as dec:
         for seed in range(N_RUNS):
-            r = dec.generate(prompt, max_tokens=3, sampling=dataclasses.replace(sp, seed=seed), ignore_eos=True,
+            r = dec.generate(prompt, max_tokens=n_tokens, sampling=dataclasses.replace(sp, seed=seed), ignore_eos=True,
                              _test_fault=fault, **gen)
-            assert len(r.tokens) == 3
-            for i, t in enumerate(r.tokens):
+            assert len(r.tokens) == n_tokens
+            for i, t in enumerate(r.tokens[:3]):
                 counts[i, t] += 1
             from_draft += r.from_draft[1]
     pvals = [_chi2_pvalue(counts[i], exact[i]) for i in range(3)]
