@@ -375,14 +375,20 @@ void Engine::truncate_features(int n) {
     }
 }
 
+int Engine::cost_rows() const {
+    // a DFlash block, and the longest context draft + its anchor as far as the synthetic prompt of
+    // measure_costs (min(48, n_ctx / 2) tokens) leaves room for it
+    const int ctx_rows = std::min(opt_.context_draft_max + 1, n_ctx_tgt_ - std::min(48, n_ctx_tgt_ / 2) - 1);
+    return std::max({block_size_, 1, ctx_rows});
+}
+
 CostModel Engine::measure_costs(int reps) {
     require_open();
     if (reps < 1) throw std::invalid_argument("reps must be >= 1");
     const int n = std::min(48, n_ctx_tgt_ / 2);
-    // rows: a DFlash block and the longest context draft + its anchor; past 8 rows every 4th up to
-    // 16, every 8th up to 32, every 16th after, and the last are measured, the others interpolated
-    // (the cost is close to linear there)
-    const int rows = std::max({block_size_, 1, opt_.context_draft_max + 1});
+    // rows (cost_rows()): past 8 every 4th up to 16, every 8th up to 32, every 16th after, and the
+    // last are measured, the others interpolated (the cost is close to linear there)
+    const int rows = cost_rows();
     auto measured_row = [rows](int r) {
         return r <= 8 || r == rows || (r <= 16 && r % 4 == 0) || (r <= 32 && r % 8 == 0) || r % 16 == 0;
     };

@@ -195,6 +195,10 @@ class Engine {
     // short synthetic prompt; clears the caches), or set from a saved measurement; both update
     // online as cycles run.
     CostModel measure_costs(int reps);
+    // Row counts the cost model covers (1..cost_rows()): a DFlash block and the longest context
+    // draft (EngineOptions::context_draft_max) + its anchor, the latter as far as n_ctx allows.
+    // A cycle verifies at most cost_rows() - 1 drafts when the policy is adaptive.
+    int cost_rows() const;
     void set_cost_model(const CostModel & c) { cost_ = c; }
     const CostModel & cost_model() const { return cost_; }
     // What the adaptive policy learnt (calibration counts, gate), to start a later process with.
