@@ -550,7 +550,11 @@ Chunk Engine::begin(const std::vector<int32_t> & prompt, const GenParams & gp) {
     tokens_ = prompt;
     n_prompt_ = n;
     active_ = true;
-    if (gp_.use_drafter && (gp_.spec_types & kSpecNgramMod)) pool_.add(tokens_, gp_.ngram);
+    if (gp_.use_drafter) {
+        for (ContextSource * src : context_sources()) {
+            if (gp_.spec_types & src->spec_bit()) src->begin(tokens_, gp_.ngram);
+        }
+    }
     stats_.rollback = rollback_name(mem_->rollback());
     stats_.n_checkpoints = (int64_t) mem_->checkpoints().size();
     for (int t : prompt) state_.accept_prompt(t);
@@ -851,10 +855,10 @@ int Engine::context_drafts(int k_cap, bool adaptive, int & source, int & match_l
     int best_k = 0;
     if (k_cap <= 0) return 0;
     std::vector<double> a;
-    for (int s = 1; s < kNumSources; ++s) {
-        const int bit = s == 1 ? kSpecNgramSimple : kSpecNgramMod;
-        if (!(gp_.spec_types & bit)) continue;
-        const ContextDraft d = s == 1 ? lookup_.draft(tokens_, gp_.ngram, k_cap) : pool_.draft(tokens_, gp_.ngram, k_cap);
+    for (ContextSource * src : context_sources()) {
+        if (!(gp_.spec_types & src->spec_bit())) continue;
+        const int s = src->index();
+        const ContextDraft d = src->draft(tokens_, gp_.ngram, k_cap);
         if (d.tokens.empty()) continue;
         // draft i is reached only when drafts 0..i-1 were accepted, extending the match by i: its
         // acceptance is that of a match of match_len + i tokens

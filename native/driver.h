@@ -8,6 +8,7 @@
 // the cost model, the acceptance calibration and the drafter gate.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -269,6 +270,7 @@ class Engine {
     // context drafts
     PromptLookup lookup_;
     NgramPool pool_;               // shared across generations (llama.cpp shares it across a slot's)
+    std::array<ContextSource *, 2> context_sources() { return {&lookup_, &pool_}; }
     ContextCalibration ctx_calib_;
     std::vector<double> ctx_acc_;  // the chosen context drafts' predicted acceptance
     // DFlash cycles' expected tokens and drafts (EMA; -1: none yet), to price continuing context
