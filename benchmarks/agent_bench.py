@@ -464,8 +464,9 @@ def report_section(reps: list, plot: Optional[str], notes: str = "") -> str:
              "(`/completion` with `\"prompt\": ids`), one process per `--spec-type`, all loaded for the whole "
              "run; every prompt runs on every configuration back to back (rotated order), T = 0. Decode "
              "tokens/s: tokens after the first over the time after the prefill, summed over the prompts. "
-             "**Bold**: our default (the mix with the drafter; without one, context drafts alone); *italic*: "
-             "llama.cpp's best n-gram type.", ""]
+             "**Bold**: our default (with the drafter the mix: DFlash, ngram-simple and ngram-mod chosen per "
+             "cycle, context drafts continued by the DFlash block where that pays; without one, context drafts "
+             "alone); *italic*: llama.cpp's best n-gram type.", ""]
     if notes:
         lines += [notes, ""]
     for rep in reps:

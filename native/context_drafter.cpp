@@ -162,7 +162,8 @@ ContextDraft NgramPool::draft(const std::vector<int32_t> & history, const NgramP
         if (t < 0) break;
         buf.push_back(t);
     }
-    if ((int) buf.size() - n_ < std::max(p.mod_n_min, 1)) return d;
+    // fewer than n_min chained tokens: no draft, unless the chain ran to this cycle's cap
+    if ((int) buf.size() - n_ < std::max(std::min(p.mod_n_min, k_max), 1)) return d;
     d.tokens.assign(buf.begin() + n_, buf.end());
     d.match_len = n_;
     return d;

@@ -56,13 +56,29 @@ struct ContextDraft {
     int match_len = 0;       // tokens of the context that matched (the calibration key)
 };
 
+// One interface for the context sources, as llama.cpp's common_speculative_impl (begin with the
+// prompt, then a draft per cycle): the engine asks every source its generation enables
+// (spec_bit) for a draft each cycle and keeps the one that promises the most (driver.cpp).
+class ContextSource {
+  public:
+    virtual ~ContextSource() = default;
+    virtual int index() const = 0;     // stats index (source_name)
+    virtual int spec_bit() const = 0;  // the SpecType bit that enables it
+    // A generation starts from `history` (its prompt).
+    virtual void begin(const std::vector<int32_t> & history, const NgramParams & p) { (void) history; (void) p; }
+    // history: prompt + committed tokens (the anchor last); at most k_max drafts.
+    virtual ContextDraft draft(const std::vector<int32_t> & history, const NgramParams & p, int k_max) = 0;
+    virtual void clear() = 0;
+};
+
 // ngram-simple: the context's own n-gram index, rebuilt when a request's prompt does not extend
 // the indexed tokens, extended as tokens are committed.
-class PromptLookup {
+class PromptLookup : public ContextSource {
   public:
-    // history: prompt + committed tokens (the anchor last); at most k_max drafts.
-    ContextDraft draft(const std::vector<int32_t> & history, const NgramParams & p, int k_max);
-    void clear();
+    int index() const override { return 1; }
+    int spec_bit() const override { return kSpecNgramSimple; }
+    ContextDraft draft(const std::vector<int32_t> & history, const NgramParams & p, int k_max) override;
+    void clear() override;
 
   private:
     // Two n-gram indexes: size_n tokens, and kLong tokens (the candidates of a long match are
@@ -77,12 +93,15 @@ class PromptLookup {
 };
 
 // ngram-mod: llama.cpp's common_ngram_mod table (hash of n tokens -> the token after them).
-class NgramPool {
+class NgramPool : public ContextSource {
   public:
+    int index() const override { return 2; }
+    int spec_bit() const override { return kSpecNgramMod; }
+    void begin(const std::vector<int32_t> & history, const NgramParams & p) override { add(history, p); }
     // Add the n-grams of history not yet added (history extends what was added, else all again).
     void add(const std::vector<int32_t> & history, const NgramParams & p);
-    ContextDraft draft(const std::vector<int32_t> & history, const NgramParams & p, int k_max);
-    void clear();
+    ContextDraft draft(const std::vector<int32_t> & history, const NgramParams & p, int k_max) override;
+    void clear() override;
     static constexpr size_t kEntries = (size_t) 4 << 20;
 
   private:

@@ -375,14 +375,20 @@ void Engine::truncate_features(int n) {
     }
 }
 
+int Engine::cost_rows() const {
+    // a DFlash block, and the longest context draft + its anchor as far as the synthetic prompt of
+    // measure_costs (min(48, n_ctx / 2) tokens) leaves room for it
+    const int ctx_rows = std::min(opt_.context_draft_max + 1, n_ctx_tgt_ - std::min(48, n_ctx_tgt_ / 2) - 1);
+    return std::max({block_size_, 1, ctx_rows});
+}
+
 CostModel Engine::measure_costs(int reps) {
     require_open();
     if (reps < 1) throw std::invalid_argument("reps must be >= 1");
     const int n = std::min(48, n_ctx_tgt_ / 2);
-    // rows: a DFlash block and the longest context draft + its anchor; past 8 rows every 4th up to
-    // 16, every 8th up to 32, every 16th after, and the last are measured, the others interpolated
-    // (the cost is close to linear there)
-    const int rows = std::max({block_size_, 1, opt_.context_draft_max + 1});
+    // rows (cost_rows()): past 8 every 4th up to 16, every 8th up to 32, every 16th after, and the
+    // last are measured, the others interpolated (the cost is close to linear there)
+    const int rows = cost_rows();
     auto measured_row = [rows](int r) {
         return r <= 8 || r == rows || (r <= 16 && r % 4 == 0) || (r <= 32 && r % 8 == 0) || r % 16 == 0;
     };
@@ -544,7 +550,11 @@ Chunk Engine::begin(const std::vector<int32_t> & prompt, const GenParams & gp) {
     tokens_ = prompt;
     n_prompt_ = n;
     active_ = true;
-    if (gp_.use_drafter && (gp_.spec_types & kSpecNgramMod)) pool_.add(tokens_, gp_.ngram);
+    if (gp_.use_drafter) {
+        for (ContextSource * src : context_sources()) {
+            if (gp_.spec_types & src->spec_bit()) src->begin(tokens_, gp_.ngram);
+        }
+    }
     stats_.rollback = rollback_name(mem_->rollback());
     stats_.n_checkpoints = (int64_t) mem_->checkpoints().size();
     for (int t : prompt) state_.accept_prompt(t);
@@ -845,10 +855,10 @@ int Engine::context_drafts(int k_cap, bool adaptive, int & source, int & match_l
     int best_k = 0;
     if (k_cap <= 0) return 0;
     std::vector<double> a;
-    for (int s = 1; s < kNumSources; ++s) {
-        const int bit = s == 1 ? kSpecNgramSimple : kSpecNgramMod;
-        if (!(gp_.spec_types & bit)) continue;
-        const ContextDraft d = s == 1 ? lookup_.draft(tokens_, gp_.ngram, k_cap) : pool_.draft(tokens_, gp_.ngram, k_cap);
+    for (ContextSource * src : context_sources()) {
+        if (!(gp_.spec_types & src->spec_bit())) continue;
+        const int s = src->index();
+        const ContextDraft d = src->draft(tokens_, gp_.ngram, k_cap);
         if (d.tokens.empty()) continue;
         // draft i is reached only when drafts 0..i-1 were accepted, extending the match by i: its
         // acceptance is that of a match of match_len + i tokens

@@ -8,6 +8,7 @@
 // the cost model, the acceptance calibration and the drafter gate.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -195,6 +196,10 @@ class Engine {
     // short synthetic prompt; clears the caches), or set from a saved measurement; both update
     // online as cycles run.
     CostModel measure_costs(int reps);
+    // Row counts the cost model covers (1..cost_rows()): a DFlash block and the longest context
+    // draft (EngineOptions::context_draft_max) + its anchor, the latter as far as n_ctx allows.
+    // A cycle verifies at most cost_rows() - 1 drafts when the policy is adaptive.
+    int cost_rows() const;
     void set_cost_model(const CostModel & c) { cost_ = c; }
     const CostModel & cost_model() const { return cost_; }
     // What the adaptive policy learnt (calibration counts, gate), to start a later process with.
@@ -265,6 +270,7 @@ class Engine {
     // context drafts
     PromptLookup lookup_;
     NgramPool pool_;               // shared across generations (llama.cpp shares it across a slot's)
+    std::array<ContextSource *, 2> context_sources() { return {&lookup_, &pool_}; }
     ContextCalibration ctx_calib_;
     std::vector<double> ctx_acc_;  // the chosen context drafts' predicted acceptance
     // DFlash cycles' expected tokens and drafts (EMA; -1: none yet), to price continuing context

@@ -304,6 +304,7 @@ NB_MODULE(_native, m) {
         .def("measure_costs", &dflash2::Engine::measure_costs, "reps"_a = 3, nb::call_guard<nb::gil_scoped_release>())
         .def("set_cost_model", &dflash2::Engine::set_cost_model, "cost"_a)
         .def("cost_model", &dflash2::Engine::cost_model)
+        .def("cost_rows", &dflash2::Engine::cost_rows)
         .def("policy_state", [](dflash2::Engine & e) {
             nb::dict d;
             d["reached"] = e.calibration().reached();

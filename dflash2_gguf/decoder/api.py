@@ -355,7 +355,6 @@ class DFlashDecoder:
         if int(context_draft_max) < 0:
             raise ValueError("context_draft_max must be >= 0 (0: no context drafts)")
         o.context_draft_max = int(context_draft_max)
-        self._context_draft_max = int(context_draft_max)
         from .params import parse_spec_types
 
         parse_spec_types(spec_type)  # ValueError now for an unknown name
@@ -499,7 +498,7 @@ class DFlashDecoder:
         self.engine.set_cost_model(c)
 
     def _ensure_costs(self) -> None:
-        rows = max(self.block_size, self._context_draft_max + 1)  # a DFlash block, the longest context draft
+        rows = self.engine.cost_rows()  # a DFlash block, the longest context draft that n_ctx allows
         if self._cost_mode != "auto" or cost_cache.is_whole(self.engine.cost_model().verify_ms, rows):
             return  # set, or whole (fixed-k cycles alone observe some row counts only)
         saved = cost_cache.load().get(self._cost_key)

@@ -245,3 +245,20 @@ def test_target_sample_acceptance_gives_the_target_alone_text_for_a_seed(native_
     assert same == alone
     assert accepted > 0  # drafts were accepted, not merely skipped
     assert other != alone
+
+
+def test_small_context_measures_what_fits(native_ext, tiny_llama, tiny_drafters, tmp_path, monkeypatch):
+    """n_ctx 64 leaves no room for a 65-row pass after the synthetic prompt: the cost model covers
+    the block and as many context-draft rows as fit, and generation runs (no 'n_ctx is too small')."""
+    from dflash2_gguf import DFlashDecoder
+
+    monkeypatch.setenv("DFLASH2_GGUF_COST_MODELS", str(tmp_path / "cost-models.json"))
+    prompt = [1] + [4, 5, 6, 7] * 4
+    with DFlashDecoder(tiny_llama, None, n_ctx=64, n_threads=1) as alone:
+        base = alone.generate(prompt, max_tokens=24, temperature=0, ignore_eos=True).tokens
+    with DFlashDecoder(tiny_llama, tiny_drafters[2], n_ctx=64, n_threads=1) as dec:
+        rows, block = dec.engine.cost_rows(), dec.block_size
+        r = dec.generate(prompt, max_tokens=24, temperature=0, ignore_eos=True)
+        assert len(dec.cost_model["verify_ms"]) == rows
+    assert block <= rows < 65
+    assert r.tokens == base
