@@ -1,7 +1,7 @@
 // The target's processed distribution and the state it depends on (sampling.cpp).
 //
 // One sampling-options type, SamplingOptions, flows unchanged from Python
-// (dflash2_gguf.sampling.SamplingParams, where the defaults are defined) to here: its fields are
+// (dflash2_gguf.decoder.sampling.SamplingParams, where the defaults are defined) to here: its fields are
 // listed once in DFLASH2_SAMPLING_FIELDS, which declares the struct and its Python binding
 // (module.cpp). Adding a knob = one line here + one field in SamplingParams (+ its use below).
 //
@@ -28,7 +28,7 @@ namespace dflash2 {
 using LogitBias = std::vector<std::pair<int32_t, float>>;  // (token id, added to its logit; -inf bans)
 
 // X(type, name): every sampling option, in one list. Python sets every field (defaults live in
-// dflash2_gguf/sampling.py::SamplingParams); the C++ value-initialised values mean "off/greedy".
+// dflash2_gguf/decoder/sampling.py::SamplingParams); the C++ value-initialised values mean "off/greedy".
 #define DFLASH2_SAMPLING_FIELDS(X)                                                                     \
     X(float, temperature)        /* <= 0: greedy (argmax of the processed logits) */                   \
     X(int32_t, top_k)            /* <= 0: off */                                                       \
@@ -71,7 +71,7 @@ class Rng {
 
 // top_k -> top_p -> min_p -> temperature on (already biased / penalised / masked) logits:
 // dense probabilities, 0 for removed tokens. Tie order: higher logit first, then lower id.
-// dflash2_gguf/sampling.py::processed_probs is the numpy twin (test oracle).
+// dflash2_gguf/decoder/sampling.py::processed_probs is the numpy twin (test oracle).
 void truncated_probs(const float * logits, int n, const SamplingOptions & so, std::vector<float> & out);
 
 // Index of the first maximum (llama.cpp's greedy sampler).
