@@ -925,6 +925,30 @@ std::string Engine::chat_template() const {
     return t ? std::string(t) : std::string();
 }
 
+Engine::ChatInfo Engine::chat_info() const {
+    require_open();
+    ChatInfo ci;
+    const llama_vocab * v = llama_model_get_vocab(model_tgt_);
+    if (const char * t = llama_model_chat_template(model_tgt_, nullptr)) { ci.has_template = true; ci.chat_template = t; }
+    if (const char * t = llama_model_chat_template(model_tgt_, "tool_use")) { ci.has_tool_use = true; ci.tool_use_template = t; }
+    auto piece = [v](llama_token tok) {
+        if (tok == LLAMA_TOKEN_NULL || tok < 0) return std::string();
+        std::string out(256, '\0');
+        int n = llama_token_to_piece(v, tok, out.data(), (int32_t) out.size(), 0, true);
+        if (n < 0) {
+            out.resize(-n);
+            n = llama_token_to_piece(v, tok, out.data(), (int32_t) out.size(), 0, true);
+        }
+        out.resize(std::max(n, 0));
+        return out;
+    };
+    ci.bos = piece(llama_vocab_bos(v));
+    ci.eos = piece(llama_vocab_eos(v));
+    ci.add_bos = llama_vocab_get_add_bos(v);
+    ci.add_eos = llama_vocab_get_add_eos(v);
+    return ci;
+}
+
 // ---------------------------------------------------------------------------------------------
 // parity hooks
 

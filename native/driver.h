@@ -213,6 +213,15 @@ class Engine {
     std::vector<int32_t> tokenize(const std::string & text, bool add_special, bool parse_special) const;
     std::string detokenize(const std::vector<int32_t> & tokens, bool special) const;
     std::string chat_template() const;  // "" when the GGUF has none
+    // What llama-server's common_chat_templates_init reads of the target (common/chat.cpp at
+    // 0c1e570): its chat templates, the BOS / EOS pieces (special tokens rendered) and whether
+    // the tokenizer adds BOS / EOS itself.
+    struct ChatInfo {
+        bool has_template = false, has_tool_use = false;
+        std::string chat_template, tool_use_template, bos, eos;
+        bool add_bos = false, add_eos = false;
+    };
+    ChatInfo chat_info() const;
     bool is_eog(int32_t tok) const;
 
     // Parity hooks (tests): capture the drafter's target features of `tokens` from a fresh target

@@ -366,6 +366,19 @@ NB_MODULE(_native, m) {
             return nb::bytes(s.data(), s.size());
         }, "tokens"_a, "special"_a = false)
         .def("chat_template", &dflash2::Engine::chat_template)
+        .def("chat_info", [](const dflash2::Engine & e) {
+            // {"chat_template": str | None, "tool_use_template": str | None, "bos": bytes, "eos": bytes,
+            //  "add_bos": bool, "add_eos": bool}: what common_chat_templates_init reads
+            const auto ci = e.chat_info();
+            nb::dict d;
+            d["chat_template"] = ci.has_template ? nb::object(nb::str(ci.chat_template.c_str())) : nb::none();
+            d["tool_use_template"] = ci.has_tool_use ? nb::object(nb::str(ci.tool_use_template.c_str())) : nb::none();
+            d["bos"] = nb::bytes(ci.bos.data(), ci.bos.size());
+            d["eos"] = nb::bytes(ci.eos.data(), ci.eos.size());
+            d["add_bos"] = ci.add_bos;
+            d["add_eos"] = ci.add_eos;
+            return d;
+        })
         .def("is_eog", &dflash2::Engine::is_eog)
         .def("capture_features", [](dflash2::Engine & e, const std::vector<int32_t> & tokens) {
             std::vector<float> f;

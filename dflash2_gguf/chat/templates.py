@@ -356,6 +356,22 @@ class ChatRenderer:
 _BY_PATH: dict = {}
 
 
+def renderer_for_engine(engine: Any, source: str = "the target GGUF") -> ChatRenderer:
+    """The :class:`ChatRenderer` of a loaded native engine (``DFlashDecoder.engine``): template(s),
+    BOS / EOS pieces and the tokenizer's add-BOS / EOS flags read from the target the engine
+    holds (``Engine.chat_info``: the calls llama-server's ``common_chat_templates_init`` makes), so
+    no second copy of the vocabulary is loaded.
+
+    Raises:
+        ChatTemplateError: the template does not compile.
+    """
+    ci = engine.chat_info()
+    tmpl, tool_use = ci["chat_template"], ci["tool_use_template"]
+    return ChatRenderer(tmpl, ci["bos"].decode("utf-8", errors="replace"), ci["eos"].decode("utf-8", errors="replace"),
+                        tool_use_template=tool_use, add_bos=bool(ci["add_bos"]), add_eos=bool(ci["add_eos"]),
+                        source=f"tokenizer.chat_template of {source}" if tmpl else f"ChatML (no template in {source})")
+
+
 # ----------------------------------------------------------------------------- decoder glue
 
 _BY_DECODER: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -365,11 +381,13 @@ def renderer_for(decoder: Any, template: Optional[str] = None) -> ChatRenderer:
     """The :class:`ChatRenderer` of a :class:`~dflash2_gguf.DFlashDecoder`'s target (cached per
     decoder and template).
 
-    Template, bos/eos strings and the tokenizer's add-BOS/EOS flags: :meth:`ChatRenderer.from_gguf`
-    of the target GGUF.
+    Template, bos/eos strings and the tokenizer's add-BOS/EOS flags: read through the decoder's
+    loaded engine (:func:`renderer_for_engine`); an object without an ``engine`` (a stand-in with
+    only ``target_path``) gets :meth:`ChatRenderer.from_gguf` of that file.
 
     Args:
-        decoder: Anything with ``target_path`` (and ``tokenize`` for :func:`chat_prompt_ids`).
+        decoder: A :class:`~dflash2_gguf.DFlashDecoder`, or anything with ``target_path`` (and
+            ``tokenize`` for :func:`chat_prompt_ids`).
         template: A template text to use instead of the GGUF's (llama-server's ``--chat-template``
             / ``--chat-template-file``), with the same bos/eos strings.
 
@@ -381,7 +399,11 @@ def renderer_for(decoder: Any, template: Optional[str] = None) -> ChatRenderer:
         per = _BY_DECODER[decoder] = {}
     r = per.get(template)
     if r is None:
-        base = ChatRenderer.from_gguf(decoder.target_path)
+        base = per.get(None)
+        if base is None:
+            engine = getattr(decoder, "engine", None)
+            base = per[None] = (renderer_for_engine(engine, os.path.basename(str(decoder.target_path)))
+                                if engine is not None else ChatRenderer.from_gguf(decoder.target_path))
         if template is None:
             r = base
         else:

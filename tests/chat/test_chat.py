@@ -241,3 +241,26 @@ def test_decoder_uses_the_renderer(native_ext, smollm2_gguf):
         assert "SmolLM" not in dec.apply_chat_template(msgs[1:], jinja=False)
         # --chat-template TEXT
         assert dec.apply_chat_template(msgs, chat_template="{{ bos_token }}{{ messages | length }}") == "<|im_start|>4"
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("which", ["smollm2", "qwen25"])
+def test_renderer_reads_the_loaded_engine(native_ext, smollm2_gguf, qwen25_05b_gguf, monkeypatch, which):
+    """A decoder's renderer comes from its loaded engine (the same template, BOS / EOS pieces and
+    add flags as the vocabulary-only load of the file), with no second load of the vocabulary."""
+    from dflash2_gguf import DFlashDecoder
+    from dflash2_gguf.chat import templates
+
+    path = str(smollm2_gguf if which == "smollm2" else qwen25_05b_gguf)
+    ref = templates.ChatRenderer.from_gguf(path)
+
+    def second_load(cls, p):
+        raise AssertionError(f"the vocabulary of {p} was loaded a second time")
+
+    with DFlashDecoder(path, None, n_ctx=256, n_threads=1) as dec:
+        monkeypatch.setattr(templates.ChatRenderer, "from_gguf", classmethod(second_load))
+        r = templates.renderer_for(dec)
+        ids = templates.chat_prompt_ids(dec, [{"role": "user", "content": "Hi"}])
+    got = (r.template, r.tool_use_template, r.bos_token, r.eos_token, r.add_bos, r.add_eos)
+    assert got == (ref.template, ref.tool_use_template, ref.bos_token, ref.eos_token, ref.add_bos, ref.add_eos)
+    assert r.has_template and len(ids) > 3
