@@ -201,4 +201,8 @@ def run_prompt_lookup(target, prompts: list, *, n_predict: int = 64, temp: float
 
 
 if __name__ == "__main__":  # python -m benchmarks.upstream_driver: build (once) and print the folder
+    import argparse
+
+    argparse.ArgumentParser(description="Build (once, cached) llama.cpp 0c1e570's llama-speculative-simple and "
+                            "llama-completion for `bench --upstream` and print their folder.").parse_args()
     print(build_upstream_tools())

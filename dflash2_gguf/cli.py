@@ -171,7 +171,7 @@ SUBCOMMANDS: dict = {
     "generate": ("generate text with a target GGUF and a dflash drafter GGUF", _generate_args, _generate_run),
     "convert": ("convert an HF DFlash/DFlash 2 checkpoint to GGUF (python -m convert)", _passthrough_args, _convert_run),
     "bench": ("acceptance length and speedup of a drafter on a prompt set", _bench_args, _bench_run),
-    "serve": ("OpenAI-compatible HTTP server (llama-server flags; needs the server extra)", _serve_args, _serve_run),
+    "serve": ("OpenAI-compatible HTTP server (llama-server flags)", _serve_args, _serve_run),
     "train": ("train a DFlash 2 drafter for a GGUF target (python -m dflash2_gguf.train; needs torch)",
               _passthrough_args, _train_run),
     "inspect": ("summarise a drafter GGUF and check it against a target (python -m convert inspect)",

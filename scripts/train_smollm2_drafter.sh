@@ -2,7 +2,7 @@
 # Train the DFlash 2 drafter for SmolLM2-135M-Instruct Q4_1 on CPU, resumably (docs/TRAINING.md).
 #
 #   scripts/train_smollm2_drafter.sh data      # background: responses + features -> shards
-#       (PROMPTS=gsm8k-train by default; PROMPTS=mix: the math / code / chat mix, train/prompt_mix.py,
+#       (PROMPTS=gsm8k-train by default; PROMPTS=mix: the math / code / chat mix, dflash2_gguf/train/prompt_mix.py,
 #       each sequence tagged with its family, so fit logs held-out tau per family; N_CTX=1536
 #       cells per sequence: the 40 chat prompts longer than 1280 tokens are skipped); RESPONSES=FILE:
 #       the responses.jsonl[.gz] of an earlier machine's capture, teacher-forced instead of
@@ -42,7 +42,7 @@ SHAPE=(--layers ${LAYERS:-2} --target-layer-ids 1,14,27)
 # UNTIL=M: only the mix's prompts [N, M), so two streams never answer the same prompt
 SKIP=${SKIP:-0}
 if [ "${PROMPTS:-}" = word-math ]; then
-  # the ASDiv / SVAMP / MAWPS word problems beside the mix (train/prompt_mix.py), their own folder
+  # the ASDiv / SVAMP / MAWPS word problems beside the mix (dflash2_gguf/train/prompt_mix.py), their own folder
   FEATS_OUT=$WORK/feats-word-math
   KEPT=data/train/smollm2-word-math-responses.jsonl.gz
 elif [ "$SKIP" != 0 ] || [ -n "${FAMILIES:-}" ]; then

@@ -1,8 +1,8 @@
 """What a chat request asks of the output: tools (parsing, ``tool_choice`` grammar) and reasoning.
 
 Shared by ``/v1/chat/completions``, ``/v1/responses`` and ``/v1/messages`` (the last two are
-translated into a chat request first, as llama-server does; see :mod:`.responses_api` and
-:mod:`.messages_api`).
+translated into a chat request first, as llama-server does; see :mod:`dflash2_gguf.server.responses_api` and
+:mod:`dflash2_gguf.server.messages_api`).
 
 Tools (OpenAI chat completions ``tools`` / ``tool_choice`` / ``parallel_tool_calls``; semantics as
 llama-server's ``oaicompat_chat_params_parse`` in tools/server/server-common.cpp at llama.cpp

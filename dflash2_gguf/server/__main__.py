@@ -5,7 +5,7 @@ llama.cpp 0c1e570), every spelling of each; a llama-server command line starts t
 
     dflash2-gguf serve -m TARGET.gguf -md DRAFT.gguf --spec-type draft-dflash --spec-draft-n-max 7
     dflash2-gguf serve -m TARGET.gguf                     # target alone (= --spec-type none)
-    LLAMA_ARG_MODEL=TARGET.gguf LLAMA_ARG_PORT=9000 dflash2-gguf serve -b 512 -ctk q8_0 --mlock ...
+    LLAMA_ARG_MODEL=TARGET.gguf LLAMA_ARG_PORT=9000 dflash2-gguf serve -b 512 -ctk q8_0 --load-mode mlock ...
 
 - Model and context: ``-m``, ``-md``, ``-c`` (not given: the GGUF's training context capped by
   memory, see :mod:`.context`; ``-c 0``: the training context; ``-c N``: N tokens, split across

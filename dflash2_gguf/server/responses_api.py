@@ -265,7 +265,7 @@ def input_tokens_object(n: int) -> dict:
 
 class ResponsesStream:
     """Responses streaming events from the chat pipeline's ``("delta", d)`` / ``("done", turn)``
-    items (:meth:`~dflash2_gguf.server.app._Service.turn_stream`).
+    items (:meth:`~dflash2_gguf.server.app.Service.turn_stream`).
 
     Events, in order: ``response.created``, ``response.in_progress``; per output item
     ``response.output_item.added``, then for a message ``response.content_part.added``,

@@ -314,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("capture", help="generate with the target and store its hidden states")
     common(c)
     c.add_argument("--prompts", default="gsm8k-train",
-                   help="mix (train/prompt_mix.py: disjoint from every benchmark set), word-math (the "
+                   help="mix (dflash2_gguf/train/prompt_mix.py: disjoint from every benchmark set), word-math (the "
                         "ASDiv / SVAMP / MAWPS word problems beside it), a prompt set name or a file")
     c.add_argument("--limit", type=int, default=None)
     c.add_argument("--skip", type=int, default=0,
