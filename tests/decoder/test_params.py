@@ -361,9 +361,12 @@ def test_console_script_reads_variables(gguf, monkeypatch, capsys):
 
 def test_generator_reproduces_the_committed_file(tmp_path):
     """scripts/gen_llama_server_options.py on the pinned arg.cpp writes the committed JSON (when
-    the sdist's arg.cpp is at hand)."""
-    src = next((p for p in (Path("/tmp/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp/common/arg.cpp"),)
-                if p.is_file()), None)
+    the pinned source is at hand: the one `python -m benchmarks.upstream_driver` builds from)."""
+    from dflash2_gguf.assets import cache_dir
+    from dflash2_gguf.bench.compare import UPSTREAM_COMMIT
+
+    src = cache_dir() / f"upstream-{UPSTREAM_COMMIT}-build" / "llama.cpp" / "common" / "arg.cpp"
+    src = src if src.is_file() else None
     if src is None:
         pytest.skip("llama.cpp 0c1e570's common/arg.cpp not at hand")
     out = tmp_path / "o.json"
