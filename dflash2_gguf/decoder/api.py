@@ -652,11 +652,11 @@ class DFlashDecoder:
         context_shift: bool = False,
         n_keep: int = 0,
         n_discard: int = 0,
-        spec_ngram_simple_size_n: int = 2,
-        spec_ngram_simple_size_m: int = 48,
-        spec_ngram_mod_n_match: int = 24,
-        spec_ngram_mod_n_max: int = 64,
-        spec_ngram_mod_n_min: int = 48,
+        spec_ngram_simple_size_n: Optional[int] = None,
+        spec_ngram_simple_size_m: Optional[int] = None,
+        spec_ngram_mod_n_match: Optional[int] = None,
+        spec_ngram_mod_n_max: Optional[int] = None,
+        spec_ngram_mod_n_min: Optional[int] = None,
         stream: bool = False,
         _test_fault: int = 0,
         **sampling_overrides: Any,
@@ -720,7 +720,8 @@ class DFlashDecoder:
             spec_ngram_simple_size_n / spec_ngram_simple_size_m: ngram-simple's shortest suffix
                 looked up and most drafts (llama.cpp's ``--spec-ngram-simple-size-n/-m``).
             spec_ngram_mod_n_match / spec_ngram_mod_n_max / spec_ngram_mod_n_min: ngram-mod's
-                n-gram length, most drafts, and fewest chained drafts it offers.
+                n-gram length, most drafts, and fewest chained drafts it offers. None: the
+                defaults of the parameter table (llama.cpp's, native ``NgramParams``).
             stream: Return an iterator of :class:`StreamChunk` instead of a result.
             _test_fault: TEST HOOK of the lossless tests' negative controls
                 (``native/acceptance.h`` ``TestFault``); never set it otherwise.
@@ -746,9 +747,12 @@ class DFlashDecoder:
             raise ValueError(f"spec_accept must be 'rejection' or 'target-sample', not {spec_accept!r}")
         g.accept_mode = 0 if spec_accept == "rejection" else 1
         g.context_shift, g.n_keep, g.n_discard = bool(context_shift), int(n_keep), int(n_discard)
-        ng = g.ngram
-        ng.simple_size_n, ng.simple_size_m = int(spec_ngram_simple_size_n), int(spec_ngram_simple_size_m)
-        ng.mod_n_match, ng.mod_n_max, ng.mod_n_min = int(spec_ngram_mod_n_match), int(spec_ngram_mod_n_max), int(spec_ngram_mod_n_min)
+        ng = g.ngram  # native NgramParams defaults; a given value replaces its field
+        for field, v in (("simple_size_n", spec_ngram_simple_size_n), ("simple_size_m", spec_ngram_simple_size_m),
+                         ("mod_n_match", spec_ngram_mod_n_match), ("mod_n_max", spec_ngram_mod_n_max),
+                         ("mod_n_min", spec_ngram_mod_n_min)):
+            if v is not None:
+                setattr(ng, field, int(v))
         g.ngram = ng
         if adaptive and use_drafter and g.spec_types:
             self._ensure_costs()

@@ -89,6 +89,19 @@ def test_native_fields_exist(native_ext):
             assert hasattr(getattr(n, struct)(), fld), p.native
 
 
+@pytest.mark.native
+def test_ngram_defaults_are_the_native_ones(native_ext):
+    """generate() leaves the n-gram fields at native NgramParams' defaults unless given: the table
+    states the same values (llama.cpp's, except simple_size_n)."""
+    from dflash2_gguf._native_loader import native
+
+    ng = native().NgramParams()
+    names = [p.name for p in P.PARAMS if p.name.startswith("spec_ngram_")]
+    assert len(names) == 5
+    for name in names:
+        assert P.by_name(name).default == getattr(ng, name[len("spec_ngram_"):]), name
+
+
 def test_request_names_are_fields_of_the_request_models():
     from dflash2_gguf.server.types import ChatCompletionRequest, CompletionRequest
 
