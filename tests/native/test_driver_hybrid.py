@@ -90,6 +90,19 @@ def test_greedy_equals_target_alone(native_ext, hybrid, arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_context_drafts_continued_by_the_block(native_ext, hybrid, arch):
+    """Two-token context drafts continued by the DFlash block (without adaptation) roll back
+    like any draft on every memory kind: the target-alone tokens."""
+    target, drafter = hybrid[arch]
+    prompt = [1] + [5, 9, 14, 20, 7] * 8
+    alone, _ = _greedy(target, None, prompt)
+    r, _ = _greedy(target, drafter, prompt, adaptive=False, spec_type="draft-dflash,ngram-simple",
+                   spec_ngram_simple_size_m=2)
+    assert r.stats.n_continued > 0 and r.stats.n_rollbacks > 0, r.stats
+    assert r.tokens == alone.tokens, arch
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_negative_control_without_rollback(native_ext, hybrid, arch):
     """The greedy test fails with the rollback off: other tokens, or libllama refuses the next
     batch (positions that no longer follow the memory's, as M-RoPE targets check)."""
