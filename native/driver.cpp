@@ -919,12 +919,6 @@ std::string Engine::detokenize(const std::vector<int32_t> & tokens, bool special
     return out;
 }
 
-std::string Engine::chat_template() const {
-    require_open();
-    const char * t = llama_model_chat_template(model_tgt_, nullptr);
-    return t ? std::string(t) : std::string();
-}
-
 Engine::ChatInfo Engine::chat_info() const {
     require_open();
     ChatInfo ci;

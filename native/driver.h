@@ -212,7 +212,6 @@ class Engine {
     // Text helpers on the target vocabulary.
     std::vector<int32_t> tokenize(const std::string & text, bool add_special, bool parse_special) const;
     std::string detokenize(const std::vector<int32_t> & tokens, bool special) const;
-    std::string chat_template() const;  // "" when the GGUF has none
     // What llama-server's common_chat_templates_init reads of the target (common/chat.cpp at
     // 0c1e570): its chat templates, the BOS / EOS pieces (special tokens rendered) and whether
     // the tokenizer adds BOS / EOS itself.

@@ -365,7 +365,6 @@ NB_MODULE(_native, m) {
             const std::string s = e.detokenize(t, special);
             return nb::bytes(s.data(), s.size());
         }, "tokens"_a, "special"_a = false)
-        .def("chat_template", &dflash2::Engine::chat_template)
         .def("chat_info", [](const dflash2::Engine & e) {
             // {"chat_template": str | None, "tool_use_template": str | None, "bos": bytes, "eos": bytes,
             //  "add_bos": bool, "add_eos": bool}: what common_chat_templates_init reads

@@ -565,7 +565,7 @@ class DFlashDecoder:
 
         kw = {**(chat_template_kwargs or {}), **template_kwargs}
         if not jinja:
-            return render_builtin(chat_template or self.engine.chat_template() or None, messages,
+            return render_builtin(chat_template or self.engine.chat_info()["chat_template"], messages,
                                   add_generation_prompt=add_generation_prompt)
         return renderer_for(self, chat_template).render(messages, tools=tools, documents=documents,
                                                         add_generation_prompt=add_generation_prompt, **kw)
