@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from typing import Any, Dict, List, Optional, Sequence
 
 from .errors import APIError, context_error
@@ -438,7 +439,7 @@ def _tool_conversation(calls: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             {"role": "user", "content": "User message"}]
 
 
-def template_caps(model: str, template: Optional[str] = None) -> Dict[str, bool]:
+def template_caps(model: Any, template: Optional[str] = None) -> Dict[str, bool]:
     """``/props`` ``chat_template_caps`` of the served chat template, by llama-server's probes
     (``caps_get``, common/jinja/caps.cpp at 0c1e570): the same probe conversations (typed
     content, a system message, one tool call with object then string arguments, two calls, an
@@ -446,12 +447,15 @@ def template_caps(model: str, template: Optional[str] = None) -> Dict[str, bool]
     which template variables each render reads; we look at the rendered text instead (a marker
     shows up, or the two renderings differ), which agrees for templates that print what they
     read. Any failure to load the template gives :data:`TEMPLATE_CAPS_DEFAULT`.
+
+    ``model``: a loaded decoder (its template read through its engine) or, before one is loaded,
+    the GGUF's path.
     """
     caps = dict(TEMPLATE_CAPS_DEFAULT)
     try:
-        from ..chat.templates import ChatRenderer, _environment
+        from ..chat.templates import ChatRenderer, _environment, renderer_for
 
-        base = ChatRenderer.from_gguf(model)
+        base = ChatRenderer.from_gguf(model) if isinstance(model, (str, os.PathLike)) else renderer_for(model)
         env = _environment()
         plain = env.from_string(template if template is not None else base.template)
         with_tools = (plain if template is not None or not base.tool_use_template

@@ -48,7 +48,8 @@ def router(svc: Service) -> APIRouter:
         """``chat_template_caps`` of the served template (see :func:`compat.template_caps`),
         computed once."""
         if not caps_cache:
-            caps_cache.append(compat.template_caps(settings.model, settings.chat_template))
+            dec = worker.decoder if worker.alive else None  # the loaded target, else its file
+            caps_cache.append(compat.template_caps(dec if dec is not None else settings.model, settings.chat_template))
         return caps_cache[0]
 
     @r.get("/props")
