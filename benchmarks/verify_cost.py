@@ -51,12 +51,14 @@ def measure(model: str, contexts: list, rows: list, threads: int = 2, reps: int 
         ``{C: {r: ms}}`` (floats, milliseconds).
 
     Raises:
-        ValueError: the model does not load, or a context of max(contexts) + max(rows) tokens
-            cannot be created for it.
+        ValueError: reps or threads below 1, the model does not load, or a context of
+            max(contexts) + max(rows) tokens cannot be created for it.
         RuntimeError: a ``llama_decode`` call failed.
     """
     import llama_cpp as L
 
+    if reps < 1 or threads < 1:
+        raise ValueError(f"reps and threads must be >= 1, got reps={reps}, threads={threads}")
     n_ctx = max(contexts) + max(rows) + 8
     L.llama_backend_init()
     mp = L.llama_model_default_params()
@@ -136,6 +138,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if not Path(a.model).is_file():
         ap.error(f"no such file: {a.model}")
+    if a.reps < 1 or a.threads < 1:
+        ap.error("--reps and --threads must be >= 1")
     if a.rows[0] != 1:
         a.rows = [1] + [r for r in a.rows if r != 1]  # the ratios are to the one-row pass
     res = measure(a.model, a.contexts, a.rows, a.threads, a.reps)
