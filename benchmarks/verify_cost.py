@@ -51,7 +51,7 @@ def measure(model: str, contexts: list, rows: list, threads: int = 2, reps: int 
         ``{C: {r: ms}}`` (floats, milliseconds).
 
     Raises:
-        ValueError: reps or threads below 1, the model does not load, a context of
+        ValueError: reps or threads below 1, more than 512 rows, the model does not load, a context of
             max(contexts) + max(rows) tokens cannot be created for it, or its memory cannot drop
             a pass's rows (a recurrent target).
         RuntimeError: a ``llama_decode`` call failed.
@@ -60,6 +60,8 @@ def measure(model: str, contexts: list, rows: list, threads: int = 2, reps: int 
 
     if reps < 1 or threads < 1:
         raise ValueError(f"reps and threads must be >= 1, got reps={reps}, threads={threads}")
+    if max(rows) > 512:
+        raise ValueError(f"a pass verifies at most 512 rows here (n_batch), got {max(rows)}")
     n_ctx = max(contexts) + max(rows) + 8
     L.llama_backend_init()
     mp = L.llama_model_default_params()

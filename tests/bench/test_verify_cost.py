@@ -34,6 +34,8 @@ def test_bad_arguments(tmp_path, capsys):
     with pytest.raises(SystemExit):
         vc.main(["-m", str(ROOT / "README.md"), "--reps", "0"])
     assert "--reps and --threads must be >= 1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="at most 512 rows"):
+        vc.measure(str(tmp_path / "missing.gguf"), [8], [1, 600])
     with pytest.raises(ValueError, match="could not load"):
         (tmp_path / "junk.gguf").write_bytes(b"not a gguf")
         vc.measure(str(tmp_path / "junk.gguf"), [8], [1])
