@@ -300,14 +300,14 @@ def build_llama_server(jobs: int = 2, quiet: bool = False) -> Path:
         RuntimeError: no CMake, or the build failed (the message names the log).
     """
     from benchmarks.upstream import UPSTREAM_COMMIT, cache_dir, fetch_upstream
-    from benchmarks.upstream_driver import CMAKE_OPTIONS
+    from benchmarks.upstream_driver import CMAKE_OPTIONS, build_dir
 
     exe = cache_dir() / f"upstream-{UPSTREAM_COMMIT}" / "bin" / "llama-server"
     if os.access(exe, os.X_OK):
         return exe
     if shutil.which("cmake") is None:
         raise RuntimeError("cmake is not installed: cannot build llama-server")
-    work = cache_dir() / f"upstream-{UPSTREAM_COMMIT}-build"
+    work = build_dir()
     src, build, log = work / "llama.cpp", work / "build-server", work / "build-server.log"
     if not (src / ".complete").is_file():
         fetch_upstream(quiet=quiet, needed=None, root=src)

@@ -97,6 +97,13 @@ def bin_dir() -> Path:
     return default_upstream_bin_dir()
 
 
+def build_dir() -> Path:
+    """Work folder of the upstream builds: ``<cache>/upstream-0c1e570-build``, the pinned source in
+    its ``llama.cpp/`` (upstream's tools here, ``llama-server`` by
+    :func:`benchmarks.llama_server_compat.build_llama_server`)."""
+    return cache_dir() / f"upstream-{UPSTREAM_COMMIT}-build"
+
+
 def _have_tools(d: Path) -> bool:
     if not all(os.access(d / t, os.X_OK) for t in TOOLS):
         return False
@@ -125,7 +132,7 @@ def build_upstream_tools(*, jobs: int = 2, quiet: bool = False, timeout: Optiona
         return out
     if shutil.which("cmake") is None:
         raise UpstreamUnavailable("cmake is not installed: cannot build upstream's tools")
-    work = cache_dir() / f"upstream-{UPSTREAM_COMMIT}-build"
+    work = build_dir()
     work.mkdir(parents=True, exist_ok=True)
     import fcntl
 

@@ -375,12 +375,11 @@ def test_console_script_reads_variables(gguf, monkeypatch, capsys):
 def test_generator_reproduces_the_committed_file(tmp_path):
     """scripts/gen_llama_server_options.py on the pinned arg.cpp writes the committed JSON (when
     the pinned source is at hand: the one `python -m benchmarks.upstream_driver` builds from)."""
-    from dflash2_gguf.assets import cache_dir
-    from dflash2_gguf.bench.compare import UPSTREAM_COMMIT
+    sys.path.insert(0, str(ROOT))  # the repo root: benchmarks/
+    from benchmarks.upstream_driver import build_dir
 
-    src = cache_dir() / f"upstream-{UPSTREAM_COMMIT}-build" / "llama.cpp" / "common" / "arg.cpp"
-    src = src if src.is_file() else None
-    if src is None:
+    src = build_dir() / "llama.cpp" / "common" / "arg.cpp"
+    if not src.is_file():
         pytest.skip("llama.cpp 0c1e570's common/arg.cpp not at hand")
     out = tmp_path / "o.json"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_llama_server_options.py"), "--arg-cpp", str(src),
