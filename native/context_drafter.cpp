@@ -45,6 +45,28 @@ bool extends(const std::vector<int32_t> & a, const std::vector<int32_t> & b) {
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
+// the DraftSource face of a context source
+
+int ContextSource::draft(const DraftRequest & r, DraftResult & out) {
+    out.rows.clear();
+    out.match_len = 0;
+    if (r.history == nullptr || r.ngram == nullptr) throw std::invalid_argument("a context source needs history and ngram");
+    if (r.k_max <= 0 || (r.prefix != nullptr && !r.prefix->empty())) return 0;
+    const ContextDraft d = lookup(*r.history, *r.ngram, r.k_max);
+    out.match_len = d.match_len;
+    out.rows.resize(d.tokens.size());
+    for (size_t i = 0; i < d.tokens.size(); ++i) {
+        DraftRow & row = out.rows[i];
+        row.token = d.tokens[i];
+        row.cand.assign(1, d.tokens[i]);  // a point mass: q = 1 on the drafted token
+        row.q.assign(1, 1.0f);
+        row.slot = 0;
+        row.conf = 1.0f;
+    }
+    return (int) out.rows.size();
+}
+
+// ---------------------------------------------------------------------------------------------
 // ngram-simple
 
 void PromptLookup::clear() {
@@ -92,7 +114,7 @@ int PromptLookup::search(const Index & idx, int n, const std::vector<int32_t> & 
     return best_e;
 }
 
-ContextDraft PromptLookup::draft(const std::vector<int32_t> & history, const NgramParams & p, int k_max) {
+ContextDraft PromptLookup::lookup(const std::vector<int32_t> & history, const NgramParams & p, int k_max) {
     ContextDraft d;
     const int n = p.simple_size_n;
     const int len = (int) history.size();
@@ -150,7 +172,7 @@ void NgramPool::add(const std::vector<int32_t> & history, const NgramParams & p)
     }
 }
 
-ContextDraft NgramPool::draft(const std::vector<int32_t> & history, const NgramParams & p, int k_max) {
+ContextDraft NgramPool::lookup(const std::vector<int32_t> & history, const NgramParams & p, int k_max) {
     ContextDraft d;
     add(history, p);
     const int len = (int) history.size();

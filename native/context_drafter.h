@@ -21,6 +21,8 @@
 // online by match length (ContextCalibration).
 #pragma once
 
+#include "draft_source.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -29,46 +31,21 @@
 
 namespace dflash2 {
 
-// Speculative types (llama.cpp's --spec-type names); a generation takes any set of them.
-enum SpecType : int {
-    kSpecDflash      = 1,  // "draft-dflash": the DFlash drafter GGUF
-    kSpecNgramSimple = 2,  // "ngram-simple": prompt lookup by longest suffix match
-    kSpecNgramMod    = 4,  // "ngram-mod": hashed n-gram pool shared across requests
-};
-constexpr int kNumSources = 3;          // stats index: 0 dflash, 1 ngram-simple, 2 ngram-mod
-const char * source_name(int index);
-
-// Parameters of the context sources (llama.cpp's --spec-ngram-* flags; defaults: see the fields).
-struct NgramParams {
-    // llama.cpp's defaults at 0c1e570 (common/common.h) except simple_size_n: llama.cpp looks up
-    // 12 tokens; here the longest suffix of at least 2 is looked up, and how far a short match is
-    // trusted is learnt (ContextCalibration), so short matches (identifiers, JSON keys) draft too.
-    int simple_size_n = 2;   // --spec-ngram-simple-size-n: the shortest suffix looked up
-    int simple_size_m = 48;  // --spec-ngram-simple-size-m: the most drafts
-    int mod_n_match   = 24;  // --spec-ngram-mod-n-match: pool n-gram length
-    int mod_n_max     = 64;  // --spec-ngram-mod-n-max: the most drafts
-    int mod_n_min     = 48;  // --spec-ngram-mod-n-min: fewer chained drafts than this: none
-    void validate() const;   // std::invalid_argument naming the bad field
-};
-
 struct ContextDraft {
     std::vector<int32_t> tokens;
     int match_len = 0;       // tokens of the context that matched (the calibration key)
 };
 
-// One interface for the context sources, as llama.cpp's common_speculative_impl (begin with the
-// prompt, then a draft per cycle): the engine asks every source its generation enables
-// (spec_bit) for a draft each cycle and keeps the one that promises the most (driver.cpp).
-class ContextSource {
+// A context source (DraftSource without a model pass): looks the context up and returns its
+// drafts as point masses (q = 1 on the drafted token, DraftRow::cand = {token}, slot 0), with
+// the match length the engine's ContextCalibration keys acceptance by.
+class ContextSource : public DraftSource {
   public:
-    virtual ~ContextSource() = default;
-    virtual int index() const = 0;     // stats index (source_name)
-    virtual int spec_bit() const = 0;  // the SpecType bit that enables it
-    // A generation starts from `history` (its prompt).
-    virtual void begin(const std::vector<int32_t> & history, const NgramParams & p) { (void) history; (void) p; }
-    // history: prompt + committed tokens (the anchor last); at most k_max drafts.
-    virtual ContextDraft draft(const std::vector<int32_t> & history, const NgramParams & p, int k_max) = 0;
-    virtual void clear() = 0;
+    // r.history, r.ngram and r.k_max are read; a request with a prefix gets no drafts (a
+    // context source does not continue another source's drafts).
+    int draft(const DraftRequest & r, DraftResult & out) final;
+    // The lookup itself: at most k_max tokens after `history` (prompt + committed, anchor last).
+    virtual ContextDraft lookup(const std::vector<int32_t> & history, const NgramParams & p, int k_max) = 0;
 };
 
 // ngram-simple: the context's own n-gram index, rebuilt when a request's prompt does not extend
@@ -77,7 +54,7 @@ class PromptLookup : public ContextSource {
   public:
     int index() const override { return 1; }
     int spec_bit() const override { return kSpecNgramSimple; }
-    ContextDraft draft(const std::vector<int32_t> & history, const NgramParams & p, int k_max) override;
+    ContextDraft lookup(const std::vector<int32_t> & history, const NgramParams & p, int k_max) override;
     void clear() override;
 
   private:
@@ -100,7 +77,7 @@ class NgramPool : public ContextSource {
     void begin(const std::vector<int32_t> & history, const NgramParams & p) override { add(history, p); }
     // Add the n-grams of history not yet added (history extends what was added, else all again).
     void add(const std::vector<int32_t> & history, const NgramParams & p);
-    ContextDraft draft(const std::vector<int32_t> & history, const NgramParams & p, int k_max) override;
+    ContextDraft lookup(const std::vector<int32_t> & history, const NgramParams & p, int k_max) override;
     void clear() override;
     static constexpr size_t kEntries = (size_t) 4 << 20;
 

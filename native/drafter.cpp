@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 
 namespace dflash2 {
 
@@ -89,6 +90,17 @@ void Drafter::run_block(int32_t anchor, int pos0, const std::vector<int32_t> & p
 void Drafter::remove_from(int pos) { llama_memory_seq_rm(llama_get_memory(ctx_), 0, pos, -1); }
 
 void Drafter::clear() { llama_memory_clear(llama_get_memory(ctx_), true); }
+
+int Drafter::draft(const DraftRequest & r, DraftResult & out) {
+    if (r.history == nullptr || r.history->empty() || r.sampling == nullptr || r.state == nullptr || r.rng == nullptr) {
+        throw std::invalid_argument("the DFlash drafter needs history (the anchor last), sampling, state and rng");
+    }
+    static const std::vector<int32_t> none;
+    static const KeepDraft keep_all = [](int, float) { return true; };
+    out.match_len = 0;
+    return draft(r.history->back(), r.pos, r.k_max, r.prefix ? *r.prefix : none, *r.sampling, *r.state, *r.rng,
+                 r.keep ? r.keep : keep_all, out.rows);
+}
 
 int Drafter::draft(int32_t anchor, int pos0, int k_max, const std::vector<int32_t> & prefix, const SamplingOptions & so,
                    const SamplerState & state, Rng & rng, const KeepDraft & keep, std::vector<DraftRow> & out) {

@@ -13,6 +13,7 @@
 #pragma once
 
 #include "acceptance.h"
+#include "draft_source.h"
 #include "sampling.h"
 
 #include <cstdint>
@@ -33,7 +34,9 @@ struct DrafterOptions {
     int block_size = 0, top_k = 0;  // from the validated metadata
 };
 
-class Drafter {
+// The DFlash block drafter, a DraftSource (draft_source.h) that runs a model pass and can
+// continue another source's drafts (they take the place of the first mask tokens).
+class Drafter : public DraftSource {
   public:
     // Loads the model and creates its context on top of ctx_tgt. Throws Error(kErrLoad /
     // kErrIncompatible).
@@ -61,12 +64,20 @@ class Drafter {
     // keeps a variable draft length lossless at T > 0: whether position i is verified may depend
     // on the drafts before it, never on draft i itself (a rule that looked at the drawn token,
     // e.g. its own probability, would bias the output). Returns the number of drafts.
-    using KeepDraft = std::function<bool(int i, float confidence)>;
     int draft(int32_t anchor, int pos0, int k_max, const std::vector<int32_t> & prefix, const SamplingOptions & so,
               const SamplerState & state, Rng & rng, const KeepDraft & keep, std::vector<DraftRow> & out);
+    // The same through the DraftSource interface: r.history's last token is the anchor at r.pos;
+    // r.prefix, r.k_max, r.sampling, r.state, r.rng and r.keep as above (sampling, state and rng
+    // are required: std::invalid_argument otherwise). out.match_len stays 0.
+    int draft(const DraftRequest & r, DraftResult & out) override;
+    int index() const override { return 0; }
+    int spec_bit() const override { return kSpecDflash; }
+    bool runs_model() const override { return true; }
+    bool continues_drafts() const override { return true; }
     // Remove cells >= pos from the drafter cache (the block, or rows past a cached prefix).
     void remove_from(int pos);
-    void clear();
+    // Empty the drafter cache (the injected features; the engine injects them again).
+    void clear() override;
 
     llama_context * ctx() const { return ctx_; }
     int n_ctx() const { return n_ctx_; }

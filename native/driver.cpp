@@ -150,6 +150,9 @@ Engine::Engine(const EngineOptions & opt) : opt_(opt) {
             cap_->enable(ctx_tgt_);
         }
         if (opt.cache_ram_mib > 0) cache_ = std::make_unique<PromptCache>((size_t) opt.cache_ram_mib << 20);
+        if (dft_) sources_.push_back(dft_.get());
+        sources_.push_back(&lookup_);
+        sources_.push_back(&pool_);
     } catch (...) {
         close();
         throw;
@@ -161,6 +164,7 @@ Engine::~Engine() { close(); }
 void Engine::close() {
     cache_.reset();
     mem_.reset();
+    sources_.clear();
     dft_.reset();                                                 // the drafter (ctx_other user) first,
     if (ctx_tgt_) { llama_free(ctx_tgt_); ctx_tgt_ = nullptr; }   // contexts before models
     if (model_tgt_) { llama_model_free(model_tgt_); model_tgt_ = nullptr; }
@@ -551,7 +555,7 @@ Chunk Engine::begin(const std::vector<int32_t> & prompt, const GenParams & gp) {
     n_prompt_ = n;
     active_ = true;
     if (gp_.use_drafter) {
-        for (ContextSource * src : context_sources()) {
+        for (DraftSource * src : sources_) {
             if (gp_.spec_types & src->spec_bit()) src->begin(tokens_, gp_.ngram);
         }
     }
@@ -671,10 +675,19 @@ Chunk Engine::step() {
         }
         std::vector<int32_t> prefix(k_prefix);
         for (int i = 0; i < k_prefix; ++i) prefix[i] = drafts_[i].token;
-        k = k_prefix + dft_->draft(anchor, P, k_max, prefix, gp_.sampling, state_,
-                                   gp_.accept_mode == kAcceptTargetSample ? rng_draft_ : rng_, keep, cont_);
+        DraftRequest req;
+        req.history = &tokens_;
+        req.pos = P;
+        req.k_max = k_max;
+        req.prefix = &prefix;
+        req.ngram = &gp_.ngram;
+        req.sampling = &gp_.sampling;
+        req.state = &state_;
+        req.rng = gp_.accept_mode == kAcceptTargetSample ? &rng_draft_ : &rng_;
+        req.keep = keep;
+        k = k_prefix + dft_->draft(req, src_out_);
         drafts_.resize(k_prefix);
-        for (DraftRow & row : cont_) drafts_.push_back(std::move(row));
+        for (DraftRow & row : src_out_.rows) drafts_.push_back(std::move(row));
         draft_ms = now_ms() - t0;
         stats_.t_draft_ms += draft_ms;
         cost_.observe_draft(draft_ms);
@@ -855,14 +868,19 @@ int Engine::context_drafts(int k_cap, bool adaptive, int & source, int & match_l
     int best_k = 0;
     if (k_cap <= 0) return 0;
     std::vector<double> a;
-    for (ContextSource * src : context_sources()) {
-        if (!(gp_.spec_types & src->spec_bit())) continue;
+    DraftRequest req;
+    req.history = &tokens_;
+    req.pos = n_past_;
+    req.k_max = k_cap;
+    req.ngram = &gp_.ngram;
+    for (DraftSource * src : sources_) {
+        if (src->runs_model() || !(gp_.spec_types & src->spec_bit())) continue;
         const int s = src->index();
-        const ContextDraft d = src->draft(tokens_, gp_.ngram, k_cap);
-        if (d.tokens.empty()) continue;
+        DraftResult & d = src_out_;
+        if (src->draft(req, d) == 0) continue;
         // draft i is reached only when drafts 0..i-1 were accepted, extending the match by i: its
         // acceptance is that of a match of match_len + i tokens
-        a.resize(d.tokens.size());
+        a.resize(d.rows.size());
         for (size_t i = 0; i < a.size(); ++i) a[i] = ctx_calib_.predict(s, d.match_len + (int) i);
         int k = (int) a.size();
         double r = expected_tokens(a, k);
@@ -875,12 +893,8 @@ int Engine::context_drafts(int k_cap, bool adaptive, int & source, int & match_l
         ctx_acc_.assign(a.begin(), a.begin() + k);
         drafts_.resize(k);
         for (int i = 0; i < k; ++i) {
-            DraftRow & row = drafts_[i];
-            row.token = d.tokens[i];
-            row.cand.assign(1, d.tokens[i]);  // a point mass: q = 1 on the drafted token
-            row.q.assign(1, 1.0f);
-            row.slot = 0;
-            row.conf = (float) a[i];
+            drafts_[i] = std::move(d.rows[i]);  // a point mass: q = 1 on the drafted token
+            drafts_[i].conf = (float) a[i];
         }
     }
     return best_k;

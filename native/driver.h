@@ -128,7 +128,7 @@ struct Stats {
     double t_rollback_ms = 0;   // checkpoint copies, restores, re-decodes and seq_rm calls
     int64_t n_checkpoints = 0;  // prompt checkpoints held after this generation
     int64_t n_ctx_shifts = 0;   // context shifts (GenParams::context_shift)
-    // per draft source (context_drafter.h source_name: 0 dflash, 1 ngram-simple, 2 ngram-mod)
+    // per draft source (draft_source.h source_name: 0 dflash, 1 ngram-simple, 2 ngram-mod)
     int64_t src_cycles[kNumSources] = {};    // cycles whose drafts came from the source
     int64_t src_drafted[kNumSources] = {};   // drafts it sent to verification
     int64_t src_accepted[kNumSources] = {};  // of those, accepted
@@ -275,10 +275,11 @@ class Engine {
     void shift_context();
     double t_begin_ = 0;
 
-    // context drafts
+    // draft sources (draft_source.h): the DFlash drafter (when loaded) and the context sources
     PromptLookup lookup_;
     NgramPool pool_;               // shared across generations (llama.cpp shares it across a slot's)
-    std::array<ContextSource *, 2> context_sources() { return {&lookup_, &pool_}; }
+    std::vector<DraftSource *> sources_;  // dft_ (if loaded), &lookup_, &pool_; set by the constructor
+    DraftResult src_out_;          // per-cycle scratch of a source's drafts
     ContextCalibration ctx_calib_;
     std::vector<double> ctx_acc_;  // the chosen context drafts' predicted acceptance
     // DFlash cycles' expected tokens and drafts (EMA; -1: none yet), to price continuing context
