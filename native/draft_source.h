@@ -1,6 +1,6 @@
 // One interface for every drafting strategy (llama.cpp's common_speculative_impl at 0c1e570,
 // common/speculative.cpp: begin with the prompt, then a draft per cycle): the DFlash block drafter
-// (DflashSource, drafter.h) and the context sources (context_drafter.h) implement it, and the
+// (Drafter, drafter.h) and the context sources (context_drafter.h) implement it, and the
 // engine asks each source its generation enables for a draft and keeps the one that promises the
 // most expected tokens per millisecond (driver.cpp, Engine::step; draft_policy.h).
 //

@@ -299,7 +299,7 @@ class Engine {
     void truncate_features(int n);
 
     // per-cycle scratch
-    std::vector<DraftRow> drafts_, cont_;
+    std::vector<DraftRow> drafts_;
     std::vector<float> probs_, logits_, lp_, feat_;
     std::vector<uint8_t> ok_;
 };
