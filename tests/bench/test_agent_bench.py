@@ -2,13 +2,11 @@
 no model needed."""
 
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from benchmarks import agent_bench as ab
 
-from benchmarks import agent_bench as ab  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_prompt_file_kinds_and_shapes():

@@ -9,7 +9,6 @@ import hashlib
 import json
 import math
 import random
-import sys
 from importlib import resources
 from pathlib import Path
 
@@ -98,7 +97,6 @@ def test_committed_per_pass():
 
 
 def test_parse_upstream_logs():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks/
     from benchmarks.upstream_driver import parse_completion, parse_speculative_simple
 
     log = ("main: encoded   40 tokens in    0.100 seconds, speed:  400.000 t/s\n"
@@ -116,7 +114,6 @@ def test_parse_upstream_logs():
 
 
 def test_report_cycle_cost_sums_requests():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from benchmarks import report as br
 
     req = [{"base": {"t_total_s": 1.1, "t_prefill_s": 0.1, "n_cycles": 100},
@@ -137,7 +134,6 @@ def test_report_cycle_cost_sums_requests():
 
 
 def test_report_lossless_table_aligns_echoed_prompts():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from benchmarks import report as br
 
     ours = "To solve this problem, we need to add 48 and 24, which gives 72 clips."
@@ -159,7 +155,6 @@ def test_report_lossless_table_aligns_echoed_prompts():
 
 
 def test_upstream_flags_sample_like_ours():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from benchmarks.upstream_driver import _common_flags
 
     greedy = _common_flags("t.gguf", Path("p.txt"), 16, 0.0, 1, None, 4096)
@@ -218,7 +213,6 @@ def test_bench_cli_smoke(native_ext, smollm2_gguf, smollm2_drafters, tmp_path):
 
     # BENCHMARKS.md assembly from that run: the summary row carries its figures, the hand-written
     # analysis survives a regeneration
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from benchmarks import report as br
 
     runs = tmp_path / "runs"
@@ -294,7 +288,6 @@ def test_bench_sweep_cli_and_report_section(native_ext, smollm2_gguf, smollm2_dr
     for r in rep["rows"][1:]:  # the draft-length rows measure the DFlash drafter alone
         assert {src for src, d in r["sources"].items() if d["drafted"]} <= {"draft-dflash"}
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from benchmarks import report as br
 
     (runs / "sweep-commands.txt").write_text("dflash2-gguf bench ... --sweep --dataset gsm8k\n")
@@ -334,7 +327,6 @@ def test_sweeps_only_keeps_rows_whose_run_is_gone(tmp_path):
     """--sweeps-only with the runs of one prompt set / T: that row, command and cost-model line are
     rewritten; the rows of the earlier runs, whose folders are gone, stay as they were; the
     order is prompt-set order, then T; a second rewrite changes nothing."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from benchmarks import report as br
 
     def cmd(ds, t):
@@ -377,7 +369,6 @@ def test_upstream_build_leaves_the_amx_kernels_out_on_an_amx_cpu(tmp_path, monke
     """On a CPU with AMX, upstream's tools are configured without llama.cpp's AMX kernels (they
     crash at the first decode with repacking on: ggml-org/llama.cpp#20824), and binaries that
     still hold them are not reused: the builder rebuilds them."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     import benchmarks.upstream_driver as ud
 
     plain = ud.cmake_options(amx_cpu=False)

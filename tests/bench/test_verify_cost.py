@@ -2,15 +2,13 @@
 cell measured on the real target, the table's ratios taken to the one-row pass of the same
 context. Timings are printed by the benchmark, never asserted."""
 
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from benchmarks import verify_cost as vc
 
-from benchmarks import verify_cost as vc  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_measure_every_cell_and_table(smollm2_gguf):

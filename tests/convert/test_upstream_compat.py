@@ -23,19 +23,15 @@ tokenizers for upstream's converter. Skips only when the registry cannot be reac
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from gguf import GGUFReader
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks/
-
-from benchmarks import upstream as up  # noqa: E402
-from checkpoints import make_dflash_checkpoint  # noqa: E402
-
-from convert import convert_hf_to_gguf  # noqa: E402
+from benchmarks import upstream as up
+from checkpoints import make_dflash_checkpoint
+from convert import convert_hf_to_gguf
 
 pytestmark = pytest.mark.slow
 

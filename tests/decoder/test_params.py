@@ -375,7 +375,6 @@ def test_console_script_reads_variables(gguf, monkeypatch, capsys):
 def test_generator_reproduces_the_committed_file(tmp_path):
     """scripts/gen_llama_server_options.py on the pinned arg.cpp writes the committed JSON (when
     the pinned source is at hand: the one `python -m benchmarks.upstream_driver` builds from)."""
-    sys.path.insert(0, str(ROOT))  # the repo root: benchmarks/
     from benchmarks.upstream_driver import build_dir
 
     src = build_dir() / "llama.cpp" / "common" / "arg.cpp"

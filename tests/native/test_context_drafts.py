@@ -19,12 +19,9 @@ and pay where the output repeats its context.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks/
 
 pytestmark = pytest.mark.native
 

@@ -22,12 +22,9 @@ hook) the greedy output is no longer the target's.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks/
 
 pytestmark = [pytest.mark.native]
 

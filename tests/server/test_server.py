@@ -676,10 +676,6 @@ def test_live_chat_without_v1_and_tokenize(live, reference):
 def test_llama_server_compat_report_logic(tmp_path):
     """benchmarks/llama_server_compat.py against our server on two ports: no difference; and its
     comparison finds status and key differences and marks the documented ones."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks/
     from benchmarks.llama_server_compat import CASES, compare, report_markdown, run
 
     cases = [c for c in CASES if c.name in ("props", "tokenize", "completion", "chat-stream", "cors-preflight",
