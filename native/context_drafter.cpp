@@ -194,11 +194,16 @@ ContextDraft NgramPool::lookup(const std::vector<int32_t> & history, const Ngram
 // ---------------------------------------------------------------------------------------------
 // calibration
 
-int ContextCalibration::bin(int m) { return std::clamp(m, 1, kBins) - 1; }
+int ContextCalibration::bin(int m) {
+    int b = 0;
+    while (b + 1 < kBins && m >= kEdges[b + 1]) ++b;
+    return b;
+}
 
 double ContextCalibration::predict(int source, int m) const {
     const int b = bin(m);
-    const double prior = (double) (b + 1) / (double) (b + 5);  // 0.2 for one token, 0.67 for 8
+    const double lo = (double) kEdges[b];
+    const double prior = lo / (lo + 4.0);  // 0.2 for one token, 0.67 for 8, 0.94 for 64
     return (accepted_[source][b] + kPrior * prior) / (reached_[source][b] + kPrior);
 }
 

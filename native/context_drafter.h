@@ -89,15 +89,20 @@ class NgramPool : public ContextSource {
     std::vector<int32_t> added_;   // the sequence whose n-grams were added last (prefix check)
 };
 
-// P(a context draft is accepted | reached) by source and match length (bins 1..kBins, the last
-// open-ended), from decayed counts with a prior that grows with the match length. Draft i of a
-// match of m tokens is keyed m + i: it is reached only when the i drafts before it extended the
-// match (a copy that held for a while tends to hold).
+// P(a context draft is accepted | reached) by source and match length, from decayed counts with a
+// prior that grows with the match length. Draft i of a match of m tokens is keyed m + i: it is
+// reached only when the i drafts before it extended the match (a copy that held for a while tends
+// to hold). The bins are one per length up to 4, then about two per doubling up to kEdges' last
+// (open-ended): a long copy is verified a few dozen tokens at a time, so each length past ~16 is
+// seen once per copy, and only wide bins gather the evidence that it goes on (acceptance 0.99 and
+// more), which is what makes verifying 48 drafts at once pay.
 class ContextCalibration {
   public:
     double predict(int source, int match_len) const;
     void observe(int source, int match_len, bool accepted);
-    static constexpr int kBins = 48;
+    static constexpr int kBins = 17;
+    // the shortest match length of each bin
+    static constexpr int kEdges[kBins] = {1, 2, 3, 4, 5, 7, 9, 12, 16, 23, 32, 45, 64, 91, 128, 181, 256};
     static constexpr double kPrior = 2.0, kDecay = 0.995;
   private:
     static int bin(int m);

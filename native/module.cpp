@@ -231,6 +231,24 @@ NB_MODULE(_native, m) {
     "(k, tokens per ms): the k in 0..k_max maximising E(k) / (verify_ms[k] + draft_ms if k > 0), "
     "E(k) = 1 + sum_i prod_{j<=i} accept[j] (native/draft_policy.h).");
 
+    auto check_source = [](int source) {
+        if (source < 0 || source >= dflash2::kNumSources) {
+            throw std::invalid_argument("source must be 0.." + std::to_string(dflash2::kNumSources - 1) + ", got " +
+                                        std::to_string(source));
+        }
+    };
+    nb::class_<dflash2::ContextCalibration>(m, "ContextCalibration",
+        "P(a context draft is accepted | reached) by source index and match length (native/context_drafter.h).")
+        .def(nb::init<>())
+        .def("predict", [check_source](const dflash2::ContextCalibration & c, int source, int match_len) {
+            check_source(source);
+            return c.predict(source, match_len);
+        }, "source"_a, "match_len"_a)
+        .def("observe", [check_source](dflash2::ContextCalibration & c, int source, int match_len, bool accepted) {
+            check_source(source);
+            c.observe(source, match_len, accepted);
+        }, "source"_a, "match_len"_a, "accepted"_a);
+
     nb::class_<dflash2::BatchCaptureOptions>(m, "BatchCaptureOptions")
         .def(nb::init<>())
         .def_rw("target_path", &dflash2::BatchCaptureOptions::target_path)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.native
@@ -86,6 +87,40 @@ def test_adaptive_choice_identical_and_counted(native_ext, smollm2_gguf, smol_al
     assert r.stats.n_cycles == sum(r.stats.k_hist)
     assert sum(v["drafted"] for v in r.stats.sources.values()) == r.stats.n_drafted
     assert sum(v["accepted"] for v in r.stats.sources.values()) == r.stats.n_accepted
+
+
+def test_calibration_pools_a_copy_across_match_lengths(native_ext):
+    """A long copy is verified a few dozen drafts at a time, so each match length past ~16 is seen
+    about once per copy: the calibration must pool neighbouring lengths to learn that a copy
+    which held goes on. After one copy accepted at lengths 16..63 (each once), lengths 24..63
+    predict above 0.95 (one bin per length, the prior 0.9 worth 2 observations and one
+    acceptance, gives 0.93), and on Qwen2.5-Coder-1.5B's cost curve on this CPU (a pass over r rows:
+    1 -> 34 ms, 5 -> 112, 16 -> 282, 48 -> 581, 64 -> 815) the chooser then verifies 24 or more
+    drafts at a 40-token match, where the prior alone gives it 4. Short matches that failed stay
+    low, and each source keeps its own counts."""
+    from dflash2_gguf._native_loader import native
+
+    n = native()
+    cal = n.ContextCalibration()
+    fresh = n.ContextCalibration()
+    for m in range(16, 64):
+        cal.observe(1, m, True)
+    for _ in range(20):
+        cal.observe(1, 1, False)
+    for m in (24, 32, 40, 50, 60):
+        assert cal.predict(1, m) > 0.95, (m, cal.predict(1, m))
+    assert cal.predict(1, 1) < 0.1
+    assert cal.predict(2, 40) == fresh.predict(2, 40)  # ngram-mod's counts are its own
+    pts = {1: 34.0, 5: 112.0, 16: 282.0, 48: 581.0, 64: 815.0}
+    xs = sorted(pts)
+    verify = list(np.interp(range(1, 65), xs, [pts[x] for x in xs]))
+    cost = n.CostModel()
+    cost.verify_ms = verify
+    k_learnt, _ = n.choose_draft_length(cost, [cal.predict(1, 40 + i) for i in range(63)], 63)
+    k_prior, _ = n.choose_draft_length(cost, [fresh.predict(1, 40 + i) for i in range(63)], 63)
+    assert k_learnt >= 24 and k_prior <= 8, (k_learnt, k_prior)
+    with pytest.raises(ValueError, match="source must be"):
+        cal.predict(3, 1)
 
 
 def _repeat_prompt(target):
