@@ -217,4 +217,16 @@ void ContextCalibration::observe(int source, int m, bool accepted) {
     if (accepted) accepted_[source][b] += 1.0;
 }
 
+void ContextCalibration::new_request() {
+    for (int s = 0; s < kNumSources; ++s) {
+        for (int b = 0; b < kBins; ++b) {
+            if (reached_[s][b] > kCarried) {
+                const double f = kCarried / reached_[s][b];
+                reached_[s][b] *= f;
+                accepted_[s][b] *= f;
+            }
+        }
+    }
+}
+
 }  // namespace dflash2

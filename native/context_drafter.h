@@ -100,6 +100,10 @@ class ContextCalibration {
   public:
     double predict(int source, int match_len) const;
     void observe(int source, int match_len, bool accepted);
+    // A new request: what earlier requests taught is kept as a prior worth at most kCarried
+    // drafts per bin (their acceptance rate, weaker), since another text may copy another way.
+    void new_request();
+    static constexpr double kCarried = 4.0;
     static constexpr int kBins = 17;
     // the shortest match length of each bin
     static constexpr int kEdges[kBins] = {1, 2, 3, 4, 5, 7, 9, 12, 16, 23, 32, 45, 64, 91, 128, 181, 256};

@@ -515,10 +515,12 @@ Chunk Engine::begin(const std::vector<int32_t> & prompt, const GenParams & gp) {
     tokens_.assign(prompt.begin(), prompt.begin() + reuse);
     if (dft_) truncate_features(reuse);
     // the gate, the calibration and the cost model carry over from earlier generations: a new
-    // request starts with what the last ones learnt (and probes again on the gate's schedule).
+    // request starts with what the last ones learnt (and probes again on the gate's schedule);
+    // the context drafts' calibration keeps it as a weaker prior (another text copies another way).
     // While the gate is closed the prompt's features wait in pending_ like the skipped cycles'
     // (the drafter pass that would use them may never come).
     const bool lazy = gp_.adaptive && cost_.valid() && !gate_.open(cost_);
+    ctx_calib_.new_request();
     stats_.n_cached = reuse;
 
     // prompt checkpoints (targets that need them): kCheckpointTail tokens before the end, so that

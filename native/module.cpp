@@ -247,7 +247,8 @@ NB_MODULE(_native, m) {
         .def("observe", [check_source](dflash2::ContextCalibration & c, int source, int match_len, bool accepted) {
             check_source(source);
             c.observe(source, match_len, accepted);
-        }, "source"_a, "match_len"_a, "accepted"_a);
+        }, "source"_a, "match_len"_a, "accepted"_a)
+        .def("new_request", &dflash2::ContextCalibration::new_request);
 
     nb::class_<dflash2::BatchCaptureOptions>(m, "BatchCaptureOptions")
         .def(nb::init<>())

@@ -123,6 +123,25 @@ def test_calibration_pools_a_copy_across_match_lengths(native_ext):
         cal.predict(3, 1)
 
 
+def test_calibration_carries_a_weaker_prior_into_the_next_request(native_ext):
+    """What a request taught (a copy of code accepted at every length) carries into the next one
+    at most 4 drafts per bin: the acceptance stays high (nearer the prior), but one rejection in
+    the new request moves it clearly, where the full evidence would barely notice it."""
+    from dflash2_gguf._native_loader import native
+
+    n = native()
+    full, carried = n.ContextCalibration(), n.ContextCalibration()
+    for cal in (full, carried):
+        for _ in range(40):
+            cal.observe(1, 12, True)
+    before = carried.predict(1, 12)
+    carried.new_request()
+    assert 0.9 < carried.predict(1, 12) < before  # (4 + 2 * 0.75) / (4 + 2) with the prior
+    for cal in (full, carried):
+        cal.observe(1, 12, False)
+    assert full.predict(1, 12) > 0.95 and carried.predict(1, 12) < 0.85, (full.predict(1, 12), carried.predict(1, 12))
+
+
 def _repeat_prompt(target):
     """A prompt ending inside a repeating pattern of the target's own greedy output: the tiny
     target falls into such loops, so its likely next tokens are in the context and the context
