@@ -238,7 +238,8 @@ NB_MODULE(_native, m) {
         }
     };
     nb::class_<dflash2::ContextCalibration>(m, "ContextCalibration",
-        "P(a context draft is accepted | reached) by source index and match length (native/context_drafter.h).")
+        "P(a context draft is accepted | reached) by source index (1 ngram-simple, 2 ngram-mod) and match "
+        "length (native/context_drafter.h).")
         .def(nb::init<>())
         .def("predict", [check_source](const dflash2::ContextCalibration & c, int source, int match_len) {
             check_source(source);

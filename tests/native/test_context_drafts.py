@@ -15,6 +15,9 @@ and pay where the output repeats its context.
 - Penalties and a grammar with context drafts: greedy output equal to the target alone.
 - A hybrid target (tiny qwen35) with context drafts alone rolls back natively and stays exact.
 - ngram-mod's pool outlives a request: the same request again drafts its output from the start.
+- The calibration by match length pools a long copy's evidence over neighbouring lengths (so the
+  chooser verifies long copies a few dozen drafts at a time), and a new request keeps what earlier
+  ones taught only as a weak prior.
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ def test_calibration_pools_a_copy_across_match_lengths(native_ext):
     predict above 0.95 (one bin per length, the prior 0.9 worth 2 observations and one
     acceptance, gives 0.93), and on Qwen2.5-Coder-1.5B's cost curve on this CPU (a pass over r rows:
     1 -> 34 ms, 5 -> 112, 16 -> 282, 48 -> 581, 64 -> 815) the chooser then verifies 24 or more
-    drafts at a 40-token match, where the prior alone gives it 4. Short matches that failed stay
+    drafts at a 40-token match, where the prior alone gives it a few (8 at most). Short matches that failed stay
     low, and each source keeps its own counts."""
     from dflash2_gguf._native_loader import native
 
