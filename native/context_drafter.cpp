@@ -194,10 +194,8 @@ ContextDraft NgramPool::lookup(const std::vector<int32_t> & history, const Ngram
 // ---------------------------------------------------------------------------------------------
 // calibration
 
-int ContextCalibration::bin(int m) {
-    int b = 0;
-    while (b + 1 < kBins && m >= kEdges[b + 1]) ++b;
-    return b;
+int ContextCalibration::bin(int m) {  // the last edge <= m (lengths below 1 go to the first bin)
+    return std::max(0, (int) (std::upper_bound(kEdges, kEdges + kBins, m) - kEdges) - 1);
 }
 
 double ContextCalibration::predict(int source, int m) const {
