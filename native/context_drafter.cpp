@@ -199,10 +199,17 @@ int ContextCalibration::bin(int m) {  // the last edge <= m (lengths below 1 go 
 }
 
 double ContextCalibration::predict(int source, int m) const {
+    // bin by bin up to m's: from kChainFrom on, a bin's prior is at least the estimate of the bin
+    // below it (a copy that held this long holds at least as well as a shorter one)
     const int b = bin(m);
-    const double lo = (double) kEdges[b];
-    const double prior = lo / (lo + 4.0);  // 0.2 for one token, 0.67 for 8, 0.94 for 64
-    return (accepted_[source][b] + kPrior * prior) / (reached_[source][b] + kPrior);
+    double p = 0.0;
+    for (int i = 0; i <= b; ++i) {
+        const double lo = (double) kEdges[i];
+        double prior = lo / (lo + 4.0);  // 0.2 for one token, 0.67 for 8, 0.94 for 64
+        if (kEdges[i] >= kChainFrom) prior = std::max(prior, p);
+        p = (accepted_[source][i] + kPrior * prior) / (reached_[source][i] + kPrior);
+    }
+    return p;
 }
 
 void ContextCalibration::observe(int source, int m, bool accepted) {

@@ -16,8 +16,9 @@ and pay where the output repeats its context.
 - A hybrid target (tiny qwen35) with context drafts alone rolls back natively and stays exact.
 - ngram-mod's pool outlives a request: the same request again drafts its output from the start.
 - The calibration by match length pools a long copy's evidence over neighbouring lengths (so the
-  chooser verifies long copies a few dozen drafts at a time), and a new request keeps what earlier
-  ones taught only as a weak prior.
+  chooser verifies long copies a few dozen drafts at a time), carries a held copy's estimate to
+  the longer lengths it has not reached yet, and a new request keeps what earlier ones taught only
+  as a weak prior.
 """
 
 from __future__ import annotations
@@ -124,6 +125,37 @@ def test_calibration_pools_a_copy_across_match_lengths(native_ext):
     assert k_learnt >= 24 and k_prior <= 8, (k_learnt, k_prior)
     with pytest.raises(ValueError, match="source must be"):
         cal.predict(3, 1)
+
+
+def test_calibration_carries_a_held_copy_to_lengths_it_has_not_reached(native_ext):
+    """From 12 tokens on, a length bin's prior is at least the estimate of the bin below it: a copy
+    accepted at every length from 12 to 40 predicts above 0.97 at 48..127, where no draft was
+    seen yet (the length prior alone gives 0.92-0.96 there), and the chooser then verifies 40 or
+    more drafts at a 41-token match on Qwen2.5-Coder-1.5B's cost curve (47; with each bin on its
+    own prior, 7). A longer bin's own
+    rejections still pull it down, and bins under 12 tokens keep their own prior."""
+    from dflash2_gguf._native_loader import native
+
+    n = native()
+    cal, fresh = n.ContextCalibration(), n.ContextCalibration()
+    for m in range(12, 41):
+        cal.observe(1, m, True)
+    for m in (48, 70, 100, 127):
+        assert cal.predict(1, m) > 0.97 and fresh.predict(1, m) < 0.965, (m, cal.predict(1, m), fresh.predict(1, m))
+    pts = {1: 34.0, 5: 112.0, 16: 282.0, 48: 581.0, 64: 815.0}
+    xs = sorted(pts)
+    cost = n.CostModel()
+    cost.verify_ms = list(np.interp(range(1, 65), xs, [pts[x] for x in xs]))
+    k, _ = n.choose_draft_length(cost, [cal.predict(1, 41 + i) for i in range(63)], 63)
+    assert k >= 40, k
+    for _ in range(10):
+        cal.observe(1, 50, False)
+    assert cal.predict(1, 50) < 0.5 and cal.predict(1, 70) <= fresh.predict(1, 70) + 1e-12
+    short = n.ContextCalibration()
+    for _ in range(20):
+        for m in range(1, 5):
+            short.observe(1, m, True)
+    assert short.predict(1, 5) == fresh.predict(1, 5)
 
 
 def test_calibration_carries_a_weaker_prior_into_the_next_request(native_ext):
