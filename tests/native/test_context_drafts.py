@@ -132,8 +132,8 @@ def test_calibration_carries_a_held_copy_to_lengths_it_has_not_reached(native_ex
     accepted at every length from 12 to 40 predicts above 0.97 at 48..127, where no draft was
     seen yet (the length prior alone gives 0.92-0.96 there), and the chooser then verifies 40 or
     more drafts at a 41-token match on Qwen2.5-Coder-1.5B's cost curve (47; with each bin on its
-    own prior, 7). A longer bin's own
-    rejections still pull it down, and bins under 12 tokens keep their own prior."""
+    own prior, 7). A longer bin's own rejections still pull it down, and bins under 12 tokens keep
+    their own prior."""
     from dflash2_gguf._native_loader import native
 
     n = native()
